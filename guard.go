@@ -1,0 +1,422 @@
+package idempotency
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+)
+
+// Outcome says what Guard.Do did with a call.
+type Outcome string
+
+const (
+	// Executed: this call claimed the key and ran fn.
+	Executed Outcome = "EXECUTED"
+	// Replayed: a stored result was returned; fn did not run.
+	Replayed Outcome = "REPLAYED"
+	// InFlight: another holder owns the key; fn did not run (ErrInFlight).
+	InFlight Outcome = "IN_FLIGHT"
+	// Conflicted: the key belongs to another fingerprint (ErrConflict).
+	Conflicted Outcome = "CONFLICT"
+	// Unavailable: the store could not answer; fn did not run
+	// (ErrUnavailable). The Guard fails closed.
+	Unavailable Outcome = "UNAVAILABLE"
+)
+
+// Defaults for the zero values of Guard's fields.
+const (
+	DefaultLease     = 30 * time.Second
+	DefaultRetention = 24 * time.Hour
+)
+
+// Guard runs a function at most once per key and fingerprint inside a
+// retention window, and replays its stored result to every retry.
+//
+// A Guard holds all the policy; the Store only stores. A Guard is safe for
+// concurrent use and must not be modified after its first use.
+//
+// The zero value of every field but Store is usable:
+//   - Lease (0: DefaultLease) is how long a claim excludes other callers
+//     while fn runs. The Guard renews it while fn runs, so fn may run longer
+//     than Lease; Lease bounds how long a crashed holder blocks the key.
+//   - Retention (0: DefaultRetention) is the dedup window: how long a
+//     stored result is replayed. It must be at least Lease.
+//   - Now (nil: time.Now) is the clock handed to the Store.
+//   - RenewEvery (0: Lease/3) is the renewal interval; negative disables
+//     renewal (the seed's behaviour).
+//   - OnRenew (nil: none) is called after every renewal attempt, with its
+//     error, from the renewing goroutine.
+type Guard struct {
+	Store      Store
+	Lease      time.Duration
+	Retention  time.Duration
+	Now        func() time.Time
+	RenewEvery time.Duration
+	OnRenew    func(key string, err error)
+}
+
+// Options configure NewGuard; nil means all defaults. The zero value of
+// each field is documented on Guard's field of the same name.
+type Options struct {
+	Lease      time.Duration
+	Retention  time.Duration
+	Now        func() time.Time
+	RenewEvery time.Duration
+	OnRenew    func(key string, err error)
+}
+
+// NewGuard returns a Guard on store, with its options validated.
+func NewGuard(store Store, opts *Options) (*Guard, error) {
+	if opts == nil {
+		opts = &Options{}
+	}
+	g := &Guard{Store: store, Lease: opts.Lease, Retention: opts.Retention, Now: opts.Now,
+		RenewEvery: opts.RenewEvery, OnRenew: opts.OnRenew}
+	if _, err := g.config(); err != nil {
+		return nil, err
+	}
+	return g, nil
+}
+
+// Validate reports whether the Guard's fields can work. Do calls it too (it
+// is a handful of comparisons) so that a Guard literal fails closed.
+func (g *Guard) Validate() error {
+	_, err := g.config()
+	return err
+}
+
+type config struct {
+	lease, retention, renewEvery time.Duration
+}
+
+func (g *Guard) config() (config, error) {
+	c := config{lease: g.Lease, retention: g.Retention, renewEvery: g.RenewEvery}
+	if g.Store == nil {
+		return c, fmt.Errorf("%w: Guard.Store is nil", ErrInvalidConfig)
+	}
+	if c.lease == 0 {
+		c.lease = DefaultLease
+	}
+	if c.retention == 0 {
+		c.retention = DefaultRetention
+	}
+	if c.renewEvery == 0 {
+		c.renewEvery = c.lease / 3
+	}
+	switch {
+	case c.lease < 0:
+		return c, fmt.Errorf("%w: Lease %v is negative", ErrInvalidConfig, c.lease)
+	case c.retention < c.lease:
+		return c, fmt.Errorf("%w: Retention %v is shorter than Lease %v", ErrInvalidConfig, c.retention, c.lease)
+	case c.renewEvery >= c.lease:
+		return c, fmt.Errorf("%w: RenewEvery %v is not shorter than Lease %v", ErrInvalidConfig, c.renewEvery, c.lease)
+	}
+	return c, nil
+}
+
+func (g *Guard) now() time.Time {
+	if g.Now != nil {
+		return g.Now()
+	}
+	return time.Now()
+}
+
+// Result is the full answer of Guard.Run.
+type Result struct {
+	Response Response
+	Outcome  Outcome
+	// Token is the fencing token of this call's claim (Executed only).
+	Token uint64
+	// LeaseUntil is when the current holder's lease ends (InFlight only).
+	LeaseUntil time.Time
+	// ExpiresAt is when the key leaves the dedup window (Executed with a
+	// stored result, and Replayed).
+	ExpiresAt time.Time
+}
+
+// Do runs fn at most once for key and fingerprint within the retention
+// window. It returns fn's response and Executed, a stored response and
+// Replayed, or an error with InFlight, Conflicted or Unavailable, in which
+// cases fn did not run.
+//
+// While fn runs the Guard renews the lease. If a renewal is rejected
+// (another holder took the key over), fn's ctx is cancelled, the result is
+// not stored and Do returns an error wrapping ErrLeaseLost.
+//
+// When fn returns an error, nothing is stored and the claim is kept until
+// its lease ends, as after a crash: fn may have had side effects. Mark the
+// error with Retryable to release the key at once instead. If fn panics, the
+// key is released and the panic continues. If storing the result fails, Do
+// returns fn's response, Executed and the store's error: the side effect
+// happened but a retry may run fn again after the lease (fence it
+// downstream with TokenFrom).
+func (g *Guard) Do(ctx context.Context, key, fingerprint string, fn func(context.Context) (Response, error)) (Response, Outcome, error) {
+	r, err := g.Run(ctx, key, fingerprint, fn)
+	return r.Response, r.Outcome, err
+}
+
+// Run is Do with the full Result, for adapters that need the lease and the
+// window (Retry-After, expiry headers).
+func (g *Guard) Run(ctx context.Context, key, fingerprint string, fn func(context.Context) (Response, error)) (Result, error) {
+	cfg, err := g.config()
+	if err != nil {
+		return Result{Outcome: Unavailable}, fmt.Errorf("%w: %w", ErrUnavailable, err)
+	}
+	rec, claimed, err := g.Store.Begin(ctx, key, fingerprint, g.now(), cfg.lease, cfg.retention)
+	if err != nil {
+		return Result{Outcome: Unavailable}, unavailable("begin", err)
+	}
+	if !claimed {
+		switch rec.State {
+		case Done:
+			return Result{Response: rec.Response, Outcome: Replayed, ExpiresAt: rec.ExpiresAt}, nil
+		case Conflict:
+			return Result{Outcome: Conflicted}, ErrConflict
+		default:
+			return Result{Outcome: InFlight, LeaseUntil: rec.LeaseUntil}, ErrInFlight
+		}
+	}
+	return g.execute(ctx, cfg, key, rec.Token, fn)
+}
+
+func (g *Guard) execute(ctx context.Context, cfg config, key string, token uint64, fn func(context.Context) (Response, error)) (res Result, err error) {
+	res = Result{Outcome: Executed, Token: token}
+	c := &claimCtx{Context: ctx, token: token}
+	var r *renewer
+	if cfg.renewEvery > 0 {
+		r = startRenewer(g, cfg, c, key)
+	}
+	// Writes after fn must not be cut short by the caller going away: the
+	// side effect has happened and its result must be stored (or the key
+	// released) regardless.
+	wctx := ctx
+	if ctx.Done() != nil {
+		wctx = context.WithoutCancel(ctx)
+	}
+	finished := false
+	defer func() {
+		if r != nil {
+			r.stop()
+		}
+		c.detach()
+		if !finished {
+			// fn panicked (or called runtime.Goexit): nothing is stored and
+			// the key is given back so the retry does not wait for the
+			// lease. The panic goes on with its original stack.
+			_ = g.Store.Release(wctx, key, token)
+		}
+	}()
+	resp, ferr := fn(c)
+	finished = true
+	res.Response = resp
+	if r != nil {
+		r.stop()
+		r = nil // stop returned it to the pool; the deferred call must not touch it
+	}
+	if c.leaseLost() {
+		return res, fmt.Errorf("idempotency: result not stored: %w", ErrLeaseLost)
+	}
+	if ferr != nil {
+		if IsRetryable(ferr) {
+			if rerr := g.Store.Release(wctx, key, token); rerr != nil {
+				return res, errors.Join(ferr, fmt.Errorf("idempotency: release: %w", rerr))
+			}
+		}
+		return res, ferr
+	}
+	now := g.now()
+	if err := g.Store.Complete(wctx, key, token, resp, now, cfg.retention); err != nil {
+		if errors.Is(err, ErrLeaseLost) {
+			return res, fmt.Errorf("idempotency: result not stored: %w", err)
+		}
+		return res, unavailable("complete", err)
+	}
+	res.ExpiresAt = now.Add(cfg.retention)
+	return res, nil
+}
+
+// TokenFrom returns the fencing token of the claim whose fn is running with
+// ctx (or a context derived from it). A downstream write made by fn should
+// be conditional on it, so that a holder whose lease was taken over cannot
+// overwrite the new holder's work:
+//
+//	UPDATE orders SET state = $1, fence = $2 WHERE id = $3 AND fence < $2
+//
+// Tokens strictly increase per key, so the latest holder always wins.
+func TokenFrom(ctx context.Context) (uint64, bool) {
+	c, ok := ctx.Value(claimKey{}).(*claimCtx)
+	if !ok {
+		return 0, false
+	}
+	return c.token, true
+}
+
+type claimKey struct{}
+
+// claimCtx is the context fn runs with. It carries the fencing token and is
+// cancelled when the lease is lost. It is a single allocation: its done
+// channel, and the link to the parent's cancellation, are made only if fn
+// asks for Done.
+type claimCtx struct {
+	context.Context
+	token uint64
+
+	mu     sync.Mutex
+	done   chan struct{}
+	lost   bool        // a renewal was rejected, or the lease ran out unrenewed
+	proven bool        // the store said so (ErrLeaseLost), not just the clock
+	stopFn func() bool // unlinks from the parent's cancellation
+}
+
+func (c *claimCtx) Value(key any) any {
+	if key == (claimKey{}) {
+		return c
+	}
+	return c.Context.Value(key)
+}
+
+func (c *claimCtx) Done() <-chan struct{} {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.done == nil {
+		c.done = make(chan struct{})
+		if c.lost {
+			close(c.done)
+		} else if c.Context.Done() != nil {
+			c.stopFn = context.AfterFunc(c.Context, c.closeDone)
+		}
+	}
+	return c.done
+}
+
+func (c *claimCtx) closeDone() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	select {
+	case <-c.done:
+	default:
+		close(c.done)
+	}
+}
+
+func (c *claimCtx) Err() error {
+	c.mu.Lock()
+	lost := c.lost
+	c.mu.Unlock()
+	if lost {
+		return context.Canceled
+	}
+	return c.Context.Err()
+}
+
+// loseLease cancels fn's context. proven is true when the store rejected a
+// renewal, false when the lease ran out while the store could not be reached.
+func (c *claimCtx) loseLease(proven bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.lost = true
+	c.proven = c.proven || proven
+	if c.done != nil {
+		select {
+		case <-c.done:
+		default:
+			close(c.done)
+		}
+	}
+}
+
+// leaseLost reports whether the store rejected a renewal. A lease that only
+// ran out on the clock is not reported: Complete's token check decides.
+func (c *claimCtx) leaseLost() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.proven
+}
+
+func (c *claimCtx) detach() {
+	c.mu.Lock()
+	stop := c.stopFn
+	c.stopFn = nil
+	c.mu.Unlock()
+	if stop != nil {
+		stop()
+	}
+}
+
+// renewer extends a claim's lease from a timer while fn runs. Renewers are
+// pooled with their timer, so a call whose fn finishes before the first
+// renewal costs no allocation for it. A renewal runs under mu, and stop
+// takes mu, so no renewal for a claim is running once stop has returned:
+// nothing outlives the call of Do.
+type renewer struct {
+	t *time.Timer
+
+	mu       sync.Mutex
+	g        *Guard
+	cfg      config
+	c        *claimCtx
+	key      string
+	deadline time.Time // when the lease ends by the local clock unless renewed
+}
+
+var renewers = sync.Pool{New: func() any {
+	r := &renewer{}
+	r.t = time.AfterFunc(time.Hour, r.fire)
+	r.t.Stop()
+	return r
+}}
+
+func startRenewer(g *Guard, cfg config, c *claimCtx, key string) *renewer {
+	r := renewers.Get().(*renewer)
+	r.mu.Lock()
+	r.g, r.cfg, r.c, r.key = g, cfg, c, key
+	r.deadline = time.Now().Add(cfg.lease)
+	r.mu.Unlock()
+	r.t.Reset(cfg.renewEvery)
+	return r
+}
+
+// stop is idempotent: the first call returns the renewer to the pool.
+func (r *renewer) stop() {
+	r.t.Stop()
+	r.mu.Lock()
+	active := r.c != nil
+	r.g, r.c, r.key = nil, nil, ""
+	r.mu.Unlock()
+	if active {
+		renewers.Put(r)
+	}
+}
+
+func (r *renewer) fire() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.c == nil {
+		return // a stale firing after stop
+	}
+	g, c, cfg := r.g, r.c, r.cfg
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(c.Context), cfg.renewEvery)
+	err := g.Store.Extend(ctx, r.key, c.token, g.now(), cfg.lease)
+	cancel()
+	if g.OnRenew != nil {
+		g.OnRenew(r.key, err)
+	}
+	switch {
+	case err == nil:
+		r.deadline = time.Now().Add(cfg.lease)
+		r.t.Reset(cfg.renewEvery)
+	case errors.Is(err, ErrLeaseLost):
+		c.loseLease(true)
+	default:
+		left := time.Until(r.deadline)
+		if left <= 0 {
+			// Another holder may take over from now on: stop fn. Whether its
+			// result may still be stored is decided by Complete's token check.
+			c.loseLease(false)
+			return
+		}
+		r.t.Reset(min(cfg.renewEvery, left))
+	}
+}

@@ -1,0 +1,393 @@
+package idempotency
+
+import (
+	"context"
+	"fmt"
+	"hash/maphash"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// MemoryOptions configure NewMemoryStoreWith; nil means defaults.
+type MemoryOptions struct {
+	// MaxRecords bounds the number of records held (0: unbounded). When the
+	// store is full and no expired record can be reclaimed, Begin fails
+	// closed with ErrUnavailable rather than evicting a live record, which
+	// would let a retry run a second time.
+	MaxRecords int
+}
+
+// MemoryStore is a Store held in process memory: the default for tests and
+// for a single instance that may lose its window on restart. It is sharded
+// (one lock per shard), returns copies of everything it holds, and reclaims
+// expired records as it is written to, judged by the now it is given: no
+// janitor goroutine and no timer, so memory follows the live window.
+//
+// Limits: records do not survive the process, and instances do not share
+// them; use an engine store (boltstore, redisstore, pgstore) for that.
+type MemoryStore struct {
+	// Fault, when set before the store is used, is called at the start of
+	// each operation with its name ("begin", "complete", "extend",
+	// "release", "get", "delete"). A non-nil error fails the operation with
+	// ErrUnavailable and changes nothing. It is the seed's fault hook; the
+	// faultstore package offers a richer one for any Store.
+	Fault func(op string) error
+
+	seed   maphash.Seed
+	shards [memShards]memShard
+	max    int64
+	count  atomic.Int64
+	tokens atomic.Uint64
+}
+
+const (
+	memShards = 32
+	// sweepPerWrite bounds the expired records reclaimed by one write. It is
+	// more than the one heap entry a write adds, so the backlog shrinks as
+	// long as writes go on.
+	sweepPerWrite = 4
+)
+
+var _ Store = (*MemoryStore)(nil)
+
+// NewMemoryStore returns an unbounded MemoryStore.
+func NewMemoryStore() *MemoryStore {
+	s, _ := NewMemoryStoreWith(nil)
+	return s
+}
+
+// NewMemoryStoreWith returns a MemoryStore configured by opts.
+func NewMemoryStoreWith(opts *MemoryOptions) (*MemoryStore, error) {
+	if opts == nil {
+		opts = &MemoryOptions{}
+	}
+	if opts.MaxRecords < 0 {
+		return nil, fmt.Errorf("%w: MaxRecords %d is negative", ErrInvalidConfig, opts.MaxRecords)
+	}
+	s := &MemoryStore{seed: maphash.MakeSeed(), max: int64(opts.MaxRecords)}
+	for i := range s.shards {
+		s.shards[i].recs = make(map[string]memRecord)
+	}
+	return s, nil
+}
+
+type memShard struct {
+	mu   sync.Mutex
+	recs map[string]memRecord
+	exp  expiryHeap
+	_    [64]byte // keep hot shard locks on separate cache lines
+}
+
+// memRecord is a Record with times as Unix nanoseconds (0: zero time), so
+// that the map holds fewer pointers for the collector to scan.
+type memRecord struct {
+	fp         string
+	state      State
+	resp       Response
+	token      uint64
+	leaseUntil int64
+	expiresAt  int64
+}
+
+func (r *memRecord) record(withResponse bool) Record {
+	rec := Record{Fingerprint: r.fp, State: r.state, Token: r.token,
+		LeaseUntil: unixTime(r.leaseUntil), ExpiresAt: unixTime(r.expiresAt)}
+	if withResponse {
+		rec.Response = copyResponse(r.resp)
+	}
+	return rec
+}
+
+func unixTime(ns int64) time.Time {
+	if ns == 0 {
+		return time.Time{}
+	}
+	return time.Unix(0, ns)
+}
+
+func copyResponse(r Response) Response {
+	out := Response{Status: r.Status}
+	if r.Body != nil {
+		out.Body = slices.Clone(r.Body)
+	}
+	if r.Header != nil {
+		out.Header = make(map[string][]string, len(r.Header))
+		for k, v := range r.Header {
+			out.Header[k] = slices.Clone(v)
+		}
+	}
+	return out
+}
+
+func (s *MemoryStore) shard(key string) *memShard {
+	return &s.shards[maphash.String(s.seed, key)%memShards]
+}
+
+func (s *MemoryStore) fault(ctx context.Context, op string) error {
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("idempotency: memory %s: %w", op, err)
+	}
+	if s.Fault != nil {
+		if err := s.Fault(op); err != nil {
+			return fmt.Errorf("idempotency: memory %s: %w: %w", op, ErrUnavailable, err)
+		}
+	}
+	return nil
+}
+
+// Begin implements Store.
+func (s *MemoryStore) Begin(ctx context.Context, key, fingerprint string, now time.Time, lease, retention time.Duration) (Record, bool, error) {
+	if err := s.fault(ctx, "begin"); err != nil {
+		return Record{}, false, err
+	}
+	n := now.UnixNano()
+	sh := s.shard(key)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	s.sweep(sh, n, sweepPerWrite)
+	rec, ok := sh.recs[key]
+	if !ok || n >= rec.expiresAt {
+		if !ok && !s.reserve(sh, n) {
+			return Record{}, false, fmt.Errorf("idempotency: memory begin: %w: store full (%d records)", ErrUnavailable, s.max)
+		}
+		rec = memRecord{fp: fingerprint, state: Processing, token: s.tokens.Add(1),
+			leaseUntil: n + int64(lease), expiresAt: n + int64(retention)}
+		sh.recs[key] = rec
+		sh.exp.push(expiry{at: rec.expiresAt, key: key})
+		return rec.record(false), true, nil
+	}
+	if rec.fp != fingerprint {
+		return Record{State: Conflict, Fingerprint: rec.fp, ExpiresAt: unixTime(rec.expiresAt)}, false, nil
+	}
+	if rec.state == Done {
+		return rec.record(true), false, nil
+	}
+	if n < rec.leaseUntil {
+		return rec.record(false), false, nil
+	}
+	rec.token = s.tokens.Add(1)
+	rec.leaseUntil = n + int64(lease)
+	s.coverLease(sh, key, &rec)
+	sh.recs[key] = rec
+	return rec.record(false), true, nil
+}
+
+// coverLease keeps a record in the window for as long as its lease runs.
+func (s *MemoryStore) coverLease(sh *memShard, key string, rec *memRecord) {
+	if rec.expiresAt < rec.leaseUntil {
+		rec.expiresAt = rec.leaseUntil
+		sh.exp.push(expiry{at: rec.expiresAt, key: key})
+	}
+}
+
+// reserve counts one more record, reclaiming expired ones from every shard
+// when the store is full. sh is locked by the caller.
+func (s *MemoryStore) reserve(sh *memShard, now int64) bool {
+	if s.max == 0 {
+		s.count.Add(1)
+		return true
+	}
+	if s.count.Add(1) <= s.max {
+		return true
+	}
+	s.count.Add(-1)
+	s.sweep(sh, now, -1)
+	for i := range s.shards {
+		// TryLock: two full shards sweeping each other must not deadlock. A
+		// shard that is busy is being written to, and writes sweep it.
+		if o := &s.shards[i]; o != sh && o.mu.TryLock() {
+			s.sweep(o, now, -1)
+			o.mu.Unlock()
+		}
+	}
+	if s.count.Add(1) <= s.max {
+		return true
+	}
+	s.count.Add(-1)
+	return false
+}
+
+// sweep removes up to limit expired records (limit < 0: all) from sh.
+func (s *MemoryStore) sweep(sh *memShard, now int64, limit int) {
+	for n := 0; limit < 0 || n < limit; n++ {
+		e, ok := sh.exp.popDue(now)
+		if !ok {
+			return
+		}
+		if rec, ok := sh.recs[e.key]; ok && rec.expiresAt <= now {
+			delete(sh.recs, e.key)
+			s.count.Add(-1)
+		}
+	}
+}
+
+// Complete implements Store.
+func (s *MemoryStore) Complete(ctx context.Context, key string, token uint64, resp Response, now time.Time, retention time.Duration) error {
+	if err := s.fault(ctx, "complete"); err != nil {
+		return err
+	}
+	n := now.UnixNano()
+	sh := s.shard(key)
+	stored := copyResponse(resp)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	rec, ok := sh.recs[key]
+	if !ok || rec.token != token || rec.state != Processing {
+		return fmt.Errorf("idempotency: memory complete: %w", ErrLeaseLost)
+	}
+	rec.state = Done
+	rec.resp = stored
+	rec.leaseUntil = 0
+	rec.expiresAt = n + int64(retention)
+	sh.recs[key] = rec
+	sh.exp.push(expiry{at: rec.expiresAt, key: key})
+	s.sweep(sh, n, sweepPerWrite)
+	return nil
+}
+
+// Extend implements Store.
+func (s *MemoryStore) Extend(ctx context.Context, key string, token uint64, now time.Time, lease time.Duration) error {
+	if err := s.fault(ctx, "extend"); err != nil {
+		return err
+	}
+	sh := s.shard(key)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	rec, ok := sh.recs[key]
+	if !ok || rec.token != token || rec.state != Processing {
+		return fmt.Errorf("idempotency: memory extend: %w", ErrLeaseLost)
+	}
+	rec.leaseUntil = now.UnixNano() + int64(lease)
+	s.coverLease(sh, key, &rec)
+	sh.recs[key] = rec
+	return nil
+}
+
+// Release implements Store.
+func (s *MemoryStore) Release(ctx context.Context, key string, token uint64) error {
+	if err := s.fault(ctx, "release"); err != nil {
+		return err
+	}
+	sh := s.shard(key)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	rec, ok := sh.recs[key]
+	if !ok || rec.token != token || rec.state != Processing {
+		return fmt.Errorf("idempotency: memory release: %w", ErrLeaseLost)
+	}
+	delete(sh.recs, key)
+	s.count.Add(-1)
+	return nil
+}
+
+// Get implements Store.
+func (s *MemoryStore) Get(ctx context.Context, key string, now time.Time) (Record, error) {
+	if err := s.fault(ctx, "get"); err != nil {
+		return Record{}, err
+	}
+	sh := s.shard(key)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	rec, ok := sh.recs[key]
+	if !ok || now.UnixNano() >= rec.expiresAt {
+		return Record{}, fmt.Errorf("idempotency: memory get %q: %w", key, ErrNotFound)
+	}
+	return rec.record(rec.state == Done), nil
+}
+
+// Delete implements Store.
+func (s *MemoryStore) Delete(ctx context.Context, key string) error {
+	if err := s.fault(ctx, "delete"); err != nil {
+		return err
+	}
+	sh := s.shard(key)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	if _, ok := sh.recs[key]; ok {
+		delete(sh.recs, key)
+		s.count.Add(-1)
+	}
+	return nil
+}
+
+// Len returns the number of records held, including expired ones not yet
+// reclaimed.
+func (s *MemoryStore) Len() int { return int(s.count.Load()) }
+
+// Keys returns the keys of the live records at now, sorted, for operators
+// and tests.
+func (s *MemoryStore) Keys(now time.Time) []string {
+	n := now.UnixNano()
+	var keys []string
+	for i := range s.shards {
+		sh := &s.shards[i]
+		sh.mu.Lock()
+		for k, rec := range sh.recs {
+			if n < rec.expiresAt {
+				keys = append(keys, k)
+			}
+		}
+		sh.mu.Unlock()
+	}
+	slices.Sort(keys)
+	return keys
+}
+
+// expiry is a heap entry: key may be reclaimed at at, unless its record was
+// since given a later expiry (then a later entry exists for it).
+type expiry struct {
+	at  int64
+	key string
+}
+
+// expiryHeap is a binary min-heap on at, typed to avoid container/heap's
+// interface conversions on the write path.
+type expiryHeap []expiry
+
+func (h *expiryHeap) push(e expiry) {
+	*h = append(*h, e)
+	a := *h
+	i := len(a) - 1
+	for i > 0 {
+		p := (i - 1) / 2
+		if a[p].at <= a[i].at {
+			break
+		}
+		a[p], a[i] = a[i], a[p]
+		i = p
+	}
+}
+
+func (h *expiryHeap) popDue(now int64) (expiry, bool) {
+	a := *h
+	if len(a) == 0 || a[0].at > now {
+		return expiry{}, false
+	}
+	top := a[0]
+	last := len(a) - 1
+	a[0] = a[last]
+	a[last] = expiry{}
+	a = a[:last]
+	i := 0
+	for {
+		l, r, m := 2*i+1, 2*i+2, i
+		if l < len(a) && a[l].at < a[m].at {
+			m = l
+		}
+		if r < len(a) && a[r].at < a[m].at {
+			m = r
+		}
+		if m == i {
+			break
+		}
+		a[i], a[m] = a[m], a[i]
+		i = m
+	}
+	if cap(a) > 1024 && len(a) < cap(a)/4 {
+		a = slices.Clone(a) // give a burst's memory back
+	}
+	*h = a
+	return top, true
+}
