@@ -350,8 +350,14 @@ func (c *claimCtx) detach() {
 // renewal costs no allocation for it. A renewal runs under mu, and stop
 // takes mu, so no renewal for a claim is running once stop has returned:
 // nothing outlives the call of Do.
+//
+// Timers made inside a testing/synctest bubble belong to it and abort the
+// program if touched from outside, so inside a bubble a renewer is made
+// fresh and never pooled. A bubble's time.Now carries no monotonic reading,
+// which is how the renewer tells.
 type renewer struct {
-	t *time.Timer
+	t      *time.Timer
+	pooled bool
 
 	mu       sync.Mutex
 	g        *Guard
@@ -361,18 +367,26 @@ type renewer struct {
 	deadline time.Time // when the lease ends by the local clock unless renewed
 }
 
-var renewers = sync.Pool{New: func() any {
-	r := &renewer{}
+var renewers = sync.Pool{New: func() any { return newRenewer(true) }}
+
+func newRenewer(pooled bool) *renewer {
+	r := &renewer{pooled: pooled}
 	r.t = time.AfterFunc(time.Hour, r.fire)
 	r.t.Stop()
 	return r
-}}
+}
 
 func startRenewer(g *Guard, cfg config, c *claimCtx, key string) *renewer {
-	r := renewers.Get().(*renewer)
+	now := time.Now()
+	var r *renewer
+	if now == now.Round(0) {
+		r = newRenewer(false) // inside a synctest bubble
+	} else {
+		r = renewers.Get().(*renewer)
+	}
 	r.mu.Lock()
 	r.g, r.cfg, r.c, r.key = g, cfg, c, key
-	r.deadline = time.Now().Add(cfg.lease)
+	r.deadline = now.Add(cfg.lease)
 	r.mu.Unlock()
 	r.t.Reset(cfg.renewEvery)
 	return r
@@ -385,7 +399,7 @@ func (r *renewer) stop() {
 	active := r.c != nil
 	r.g, r.c, r.key = nil, nil, ""
 	r.mu.Unlock()
-	if active {
+	if active && r.pooled {
 		renewers.Put(r)
 	}
 }

@@ -28,7 +28,9 @@ func newOurs() *idempotency.Guard {
 	return &idempotency.Guard{Store: idempotency.NewMemoryStore(), Lease: 30 * time.Second, Retention: time.Hour}
 }
 
-func seedFn(context.Context) (seed.Response, error) { return seed.Response{Status: 201, Body: body}, nil }
+func seedFn(context.Context) (seed.Response, error) {
+	return seed.Response{Status: 201, Body: body}, nil
+}
 func oursFn(context.Context) (idempotency.Response, error) {
 	return idempotency.Response{Status: 201, Body: body}, nil
 }
