@@ -1,0 +1,179 @@
+package idemtest
+
+import (
+	"errors"
+	"fmt"
+	"sync"
+
+	"github.com/archlab/idempotency"
+)
+
+// racers is how many goroutines race for one key.
+const racers = 64
+
+type beginResult struct {
+	rec     idempotency.Record
+	claimed bool
+	err     error
+}
+
+// race runs Begin of key from racers goroutines released at once; fp(i)
+// names the fingerprint of goroutine i.
+func (e *env) race(key string, fp func(i int) string) []beginResult {
+	e.t.Helper()
+	now := e.at(0)
+	out := make([]beginResult, racers)
+	var start, done sync.WaitGroup
+	start.Add(1)
+	for i := range out {
+		done.Add(1)
+		go func() {
+			defer done.Done()
+			start.Wait()
+			rec, ok, err := e.s.Begin(e.ctx, key, fp(i), now, lease, retention)
+			out[i] = beginResult{rec, ok, err}
+		}()
+	}
+	start.Done()
+	done.Wait()
+	for i, r := range out {
+		if r.err != nil {
+			e.fatalf("Begin of racer %d: unexpected error: %v", i, r.err)
+		}
+	}
+	return out
+}
+
+var concurrencyClauses = []clause{
+	{"one-claim-of-64", func(e *env) {
+		k := e.key("race")
+		res := e.race(k, func(int) string { return "fp" })
+		var winner *beginResult
+		for i := range res {
+			if res[i].claimed {
+				if winner != nil {
+					e.fatalf("%d concurrent Begins: two claims (tokens %d and %d), want exactly one", racers, winner.rec.Token, res[i].rec.Token)
+				}
+				winner = &res[i]
+			}
+		}
+		if winner == nil {
+			e.fatalf("%d concurrent Begins of an absent key: no claim, want exactly one", racers)
+		}
+		for i, r := range res {
+			if !r.claimed {
+				e.wantState(fmt.Sprintf("racer %d (in flight)", i), r.rec, idempotency.Processing, "fp", winner.rec.Token)
+			}
+		}
+		e.wantState("Get after the race", e.get(k, e.at(0)), idempotency.Processing, "fp", winner.rec.Token)
+	}},
+	{"one-claim-of-64-mixed-fingerprints", func(e *env) {
+		k := e.key("race-mixed")
+		fp := func(i int) string { return fmt.Sprintf("fp-%d", i%3) }
+		res := e.race(k, fp)
+		claims := 0
+		var owner string
+		for i, r := range res {
+			if r.claimed {
+				claims++
+				owner = fp(i)
+			}
+		}
+		if claims != 1 {
+			e.fatalf("%d concurrent Begins with 3 fingerprints: %d claims, want exactly one", racers, claims)
+		}
+		for i, r := range res {
+			switch {
+			case r.claimed:
+			case fp(i) == owner && r.rec.State != idempotency.Processing:
+				e.fatalf("racer %d with the winner's fingerprint: State %q, want %q", i, r.rec.State, idempotency.Processing)
+			case fp(i) != owner && r.rec.State != idempotency.Conflict:
+				e.fatalf("racer %d with another fingerprint: State %q, want %q", i, r.rec.State, idempotency.Conflict)
+			}
+		}
+	}},
+	{"holder-races-takeover", func(e *env) {
+		// A holder whose lease just ran out finishes (Complete or Extend)
+		// while another caller's Begin takes over. Exactly one may win, and
+		// the loser must see the winner's state.
+		const rounds = 16
+		for round := range rounds {
+			k := e.key(fmt.Sprintf("holder-race-%d", round))
+			first := e.claim(k, "fp", e.at(0))
+			now := e.at(lease)
+			extend := round%2 == 1
+			var holderErr error
+			var taker beginResult
+			var wg sync.WaitGroup
+			wg.Add(2)
+			go func() {
+				defer wg.Done()
+				if extend {
+					holderErr = e.s.Extend(e.ctx, k, first.Token, now, lease)
+				} else {
+					holderErr = e.s.Complete(e.ctx, k, first.Token, sampleResponse("holder"), now, retention)
+				}
+			}()
+			go func() {
+				defer wg.Done()
+				rec, ok, err := e.s.Begin(e.ctx, k, "fp", now, lease, retention)
+				taker = beginResult{rec, ok, err}
+			}()
+			wg.Wait()
+			if taker.err != nil {
+				e.fatalf("round %d: Begin: unexpected error: %v", round, taker.err)
+			}
+			switch {
+			case holderErr == nil && taker.claimed:
+				e.fatalf("round %d: both the holder (extend=%v) and the takeover (token %d) succeeded", round, extend, taker.rec.Token)
+			case holderErr == nil:
+				want := idempotency.Done
+				if extend {
+					want = idempotency.Processing
+				}
+				e.wantState(fmt.Sprintf("round %d: Begin after the holder won", round), taker.rec, want, "fp", first.Token)
+			case errors.Is(holderErr, idempotency.ErrLeaseLost):
+				if !taker.claimed {
+					e.fatalf("round %d: the holder lost its lease (%v) but the Begin did not claim (%+v)", round, holderErr, taker.rec)
+				}
+				if taker.rec.Token <= first.Token {
+					e.fatalf("round %d: takeover token %d is not larger than %d", round, taker.rec.Token, first.Token)
+				}
+			default:
+				e.fatalf("round %d: holder: unexpected error: %v", round, holderErr)
+			}
+		}
+	}},
+	{"distinct-keys-64", func(e *env) {
+		keys := make([]string, racers)
+		for i := range keys {
+			keys[i] = e.key(fmt.Sprintf("parallel-%d", i))
+		}
+		errs := make([]error, racers)
+		var wg sync.WaitGroup
+		for i, k := range keys {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				rec, ok, err := e.s.Begin(e.ctx, k, "fp", e.at(0), lease, retention)
+				switch {
+				case err != nil:
+					errs[i] = fmt.Errorf("Begin: %w", err)
+				case !ok:
+					errs[i] = fmt.Errorf("Begin of a fresh key did not claim: %+v", rec)
+				default:
+					errs[i] = e.s.Complete(e.ctx, k, rec.Token, sampleResponse(k), e.at(0), retention)
+				}
+			}()
+		}
+		wg.Wait()
+		for i, err := range errs {
+			if err != nil {
+				e.fatalf("key %d: %v", i, err)
+			}
+		}
+		for _, k := range keys {
+			e.wantResponse("Get of "+k, e.get(k, e.at(1)).Response, sampleResponse(k))
+		}
+	}},
+}

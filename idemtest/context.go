@@ -1,0 +1,65 @@
+package idemtest
+
+import (
+	"context"
+	"errors"
+)
+
+// canceled returns a context that is already done.
+func canceled() context.Context {
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	return ctx
+}
+
+func (e *env) wantCanceled(op string, err error) {
+	e.t.Helper()
+	if !errors.Is(err, context.Canceled) {
+		e.fatalf("%s with a cancelled ctx = %v, want an error wrapping context.Canceled", op, err)
+	}
+}
+
+var contextClauses = []clause{
+	{"canceled-begin", func(e *env) {
+		k := e.key("ctx-begin")
+		_, _, err := e.s.Begin(canceled(), k, "fp", e.at(0), lease, retention)
+		e.wantCanceled("Begin", err)
+		e.wantNotFound(k, e.at(0))
+		// Nor does a cancelled Begin take over an expired lease.
+		rec := e.claim(k, "fp", e.at(0))
+		_, _, err = e.s.Begin(canceled(), k, "fp", e.at(lease), lease, retention)
+		e.wantCanceled("Begin past the lease", err)
+		e.unchanged(k, e.at(lease), rec)
+	}},
+	{"canceled-complete", func(e *env) {
+		k := e.key("ctx-complete")
+		rec := e.claim(k, "fp", e.at(0))
+		e.wantCanceled("Complete", e.s.Complete(canceled(), k, rec.Token, sampleResponse("x"), e.at(1), retention))
+		e.unchanged(k, e.at(1), rec)
+		e.complete(k, rec.Token, sampleResponse("y"), e.at(1)) // the claim is intact
+	}},
+	{"canceled-extend", func(e *env) {
+		k := e.key("ctx-extend")
+		rec := e.claim(k, "fp", e.at(0))
+		e.wantCanceled("Extend", e.s.Extend(canceled(), k, rec.Token, e.at(lease/2), lease))
+		e.unchanged(k, e.at(lease/2), rec)
+	}},
+	{"canceled-release", func(e *env) {
+		k := e.key("ctx-release")
+		rec := e.claim(k, "fp", e.at(0))
+		e.wantCanceled("Release", e.s.Release(canceled(), k, rec.Token))
+		e.unchanged(k, e.at(1), rec)
+	}},
+	{"canceled-get", func(e *env) {
+		k := e.key("ctx-get")
+		e.claim(k, "fp", e.at(0))
+		_, err := e.s.Get(canceled(), k, e.at(1))
+		e.wantCanceled("Get", err)
+	}},
+	{"canceled-delete", func(e *env) {
+		k := e.key("ctx-delete")
+		rec := e.claim(k, "fp", e.at(0))
+		e.wantCanceled("Delete", e.s.Delete(canceled(), k))
+		e.unchanged(k, e.at(1), rec)
+	}},
+}
