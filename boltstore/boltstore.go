@@ -1,0 +1,780 @@
+// Package boltstore is an idempotency.Store kept in a bbolt file: the
+// embedded default that survives restarts without running a server.
+//
+// Durability. Every Begin, Complete, Extend, Release and Delete that returns
+// without error has been committed and fsynced: a crash right after it
+// returns loses nothing (a killed process always; a power cut on a disk that
+// honours fsync). Get reads a snapshot and writes nothing.
+//
+// Group commit. One write transaction, and so one fsync, runs at a time in a
+// bbolt file. The Store therefore funnels writes through a single committer
+// goroutine: while one transaction is syncing, the writes that arrive queue
+// up, and the next transaction applies all of them (up to
+// Options.MaxBatchSize) and pays one fsync for the lot. A lone writer waits
+// for nobody (Options.MaxBatchDelay is 0 by default); under load the batch
+// grows by itself to the number of callers waiting. Each write is decided
+// inside the transaction that commits it, so batched writes see each other
+// in order, exactly as if they had run one by one; a write that fails in the
+// engine is taken out and the rest of its batch committed without it.
+//
+// Sweeping. Each record is indexed by its expiry (big-endian ExpiresAt, then
+// key), so the records that left the window are the first entries of the
+// index. Every write transaction removes a few of them (Options.SweepPerWrite
+// per write), more than each write adds, so as long as writes go on the file
+// holds about the live window; Sweep removes a bounded backlog on demand, in
+// transactions of Options.SweepBatch records so that writers never wait for
+// long. Freed pages are reused by later writes; bbolt never shrinks the
+// file, so its size follows the largest window it ever held.
+//
+// Time. Leases and expiry are judged by the now the caller passes, as the
+// idempotency.Store contract says; the Store reads no clock.
+//
+// One process. bbolt locks its file (flock) for the process that opened it,
+// so a file serves one process at a time: instances that must share a dedup
+// window need redisstore or pgstore. Open waits Options.OpenTimeout for the
+// lock and then fails with ErrUnavailable wrapping bbolt.ErrTimeout.
+//
+// Errors. Engine failures (a closed store or DB, I/O errors, the file lock,
+// a key longer than bbolt.MaxKeySize-8 bytes) wrap idempotency.ErrUnavailable
+// together with bbolt's error. A write whose
+// ctx ends while it waits for its commit returns an error wrapping
+// ErrUnavailable and ctx.Err(): it may or may not have been applied.
+package boltstore
+
+import (
+	"bytes"
+	"context"
+	"encoding/binary"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	bolt "go.etcd.io/bbolt"
+
+	"github.com/archlab/idempotency"
+)
+
+// Defaults for the zero values of Options' fields.
+const (
+	DefaultBucket        = "idempotency"
+	DefaultOpenTimeout   = 5 * time.Second
+	DefaultMaxBatchSize  = 256
+	DefaultSweepPerWrite = 4
+	DefaultSweepBatch    = 1000
+)
+
+// Options configure Open and New; nil means all defaults.
+type Options struct {
+	// Bucket is the name of the top-level bucket holding the records
+	// ("": DefaultBucket). Stores with different buckets share a file
+	// without seeing each other's keys (and each has its own group commit).
+	Bucket string
+	// OpenTimeout is how long Open waits for the file lock held by another
+	// process (0: DefaultOpenTimeout). New ignores it.
+	OpenTimeout time.Duration
+	// MaxBatchSize bounds the writes applied by one transaction
+	// (0: DefaultMaxBatchSize).
+	MaxBatchSize int
+	// MaxBatchDelay is how long the committer waits for more writes after
+	// the first one of a batch (0: no wait; batches still form from the
+	// writes that arrive while the previous commit syncs). A positive delay
+	// trades the latency of every write for fewer fsyncs.
+	MaxBatchDelay time.Duration
+	// SweepPerWrite is how many expired records each write removes
+	// (0: DefaultSweepPerWrite; negative: none, leaving it all to Sweep).
+	SweepPerWrite int
+	// SweepBatch bounds the records one transaction of Sweep removes
+	// (0: DefaultSweepBatch).
+	SweepBatch int
+}
+
+// Store is an idempotency.Store in a bbolt file. It is safe for concurrent
+// use; Close it to stop its committer.
+type Store struct {
+	db    *bolt.DB
+	owned bool
+	name  []byte
+
+	maxBatch      int
+	batchDelay    time.Duration
+	sweepPerWrite int
+	sweepBatch    int
+	// solo makes every write its own transaction and fsync, with no group
+	// commit: the baseline of the group-commit benchmark.
+	solo bool
+	// commits counts write transactions (each one fsync), for benchmarks.
+	commits atomic.Uint64
+
+	reqs      chan *op
+	quit      chan struct{}
+	loopDone  chan struct{}
+	closed    atomic.Bool
+	closeOnce sync.Once
+	closeErr  error
+}
+
+var _ idempotency.Store = (*Store)(nil)
+
+var (
+	recordsBucket = []byte("r")
+	expiryBucket  = []byte("x")
+)
+
+// errClosed is the native error of every call after Close.
+var errClosed = fmt.Errorf("boltstore: store closed: %w", bolt.ErrDatabaseNotOpen)
+
+// maxKeyLen is the longest idempotency key stored: bbolt's key limit less
+// the expiry index's 8-byte prefix.
+const maxKeyLen = bolt.MaxKeySize - 8
+
+// Open opens (creating if needed) the bbolt file at path and returns a
+// Store that owns it: Close closes the file.
+func Open(path string, opts *Options) (*Store, error) {
+	o, err := opts.resolve()
+	if err != nil {
+		return nil, err
+	}
+	db, err := bolt.Open(path, 0o600, &bolt.Options{
+		Timeout: o.OpenTimeout,
+		// The sweep frees pages all the time; the hashmap freelist finds
+		// free runs without scanning an array.
+		FreelistType: bolt.FreelistMapType,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("boltstore: open %s: %w: %w", path, idempotency.ErrUnavailable, err)
+	}
+	s, err := newStore(db, o)
+	if err != nil {
+		_ = db.Close()
+		return nil, err
+	}
+	s.owned = true
+	return s, nil
+}
+
+// New returns a Store on the caller's open DB, which keeps owning it: Close
+// stops the Store but leaves db open. db must be writable and must not have
+// NoSync set, since the Store promises that acknowledged writes are on disk.
+func New(db *bolt.DB, opts *Options) (*Store, error) {
+	if db == nil {
+		return nil, fmt.Errorf("%w: boltstore: nil DB", idempotency.ErrInvalidConfig)
+	}
+	o, err := opts.resolve()
+	if err != nil {
+		return nil, err
+	}
+	if db.IsReadOnly() {
+		return nil, fmt.Errorf("%w: boltstore: DB %s is read-only", idempotency.ErrInvalidConfig, db.Path())
+	}
+	if db.NoSync {
+		return nil, fmt.Errorf("%w: boltstore: DB %s has NoSync set; acknowledged writes would not be durable",
+			idempotency.ErrInvalidConfig, db.Path())
+	}
+	return newStore(db, o)
+}
+
+func (opts *Options) resolve() (Options, error) {
+	var o Options
+	if opts != nil {
+		o = *opts
+	}
+	if o.Bucket == "" {
+		o.Bucket = DefaultBucket
+	}
+	if o.OpenTimeout == 0 {
+		o.OpenTimeout = DefaultOpenTimeout
+	}
+	if o.MaxBatchSize == 0 {
+		o.MaxBatchSize = DefaultMaxBatchSize
+	}
+	if o.SweepPerWrite == 0 {
+		o.SweepPerWrite = DefaultSweepPerWrite
+	}
+	if o.SweepBatch == 0 {
+		o.SweepBatch = DefaultSweepBatch
+	}
+	bad := func(format string, args ...any) (Options, error) {
+		return o, fmt.Errorf("%w: boltstore: "+format, append([]any{idempotency.ErrInvalidConfig}, args...)...)
+	}
+	switch {
+	case len(o.Bucket) > bolt.MaxKeySize:
+		return bad("Bucket name of %d bytes is too long", len(o.Bucket))
+	case o.OpenTimeout < 0:
+		return bad("OpenTimeout %v is negative", o.OpenTimeout)
+	case o.MaxBatchSize < 0:
+		return bad("MaxBatchSize %d is negative", o.MaxBatchSize)
+	case o.MaxBatchDelay < 0:
+		return bad("MaxBatchDelay %v is negative", o.MaxBatchDelay)
+	case o.SweepBatch < 0:
+		return bad("SweepBatch %d is negative", o.SweepBatch)
+	}
+	if o.SweepPerWrite < 0 {
+		o.SweepPerWrite = 0
+	}
+	return o, nil
+}
+
+func newStore(db *bolt.DB, o Options) (*Store, error) {
+	s := &Store{db: db, name: []byte(o.Bucket), maxBatch: o.MaxBatchSize, batchDelay: o.MaxBatchDelay,
+		sweepPerWrite: o.SweepPerWrite, sweepBatch: o.SweepBatch,
+		reqs: make(chan *op), quit: make(chan struct{}), loopDone: make(chan struct{})}
+	err := db.Update(func(tx *bolt.Tx) error {
+		top, err := tx.CreateBucketIfNotExists(s.name)
+		if err != nil {
+			return err
+		}
+		if _, err := top.CreateBucketIfNotExists(recordsBucket); err != nil {
+			return err
+		}
+		_, err = top.CreateBucketIfNotExists(expiryBucket)
+		return err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("boltstore: create bucket %q: %w: %w", o.Bucket, idempotency.ErrUnavailable, err)
+	}
+	go s.loop()
+	return s, nil
+}
+
+// DB returns the bbolt database the Store writes to.
+func (s *Store) DB() *bolt.DB { return s.db }
+
+// Close stops the committer, after the transaction under way, and closes the
+// file if Open opened it. Calls after Close fail with ErrUnavailable. Close
+// is idempotent.
+func (s *Store) Close() error {
+	s.closeOnce.Do(func() {
+		s.closed.Store(true)
+		close(s.quit)
+		<-s.loopDone
+		if s.owned {
+			if err := s.db.Close(); err != nil {
+				s.closeErr = fmt.Errorf("boltstore: close: %w", err)
+			}
+		}
+	})
+	return s.closeErr
+}
+
+// buckets are the two buckets of a Store inside one transaction.
+type buckets struct {
+	recs, exp *bolt.Bucket
+}
+
+func (s *Store) buckets(tx *bolt.Tx) (buckets, error) {
+	top := tx.Bucket(s.name)
+	if top == nil {
+		return buckets{}, fmt.Errorf("boltstore: bucket %q is missing", s.name)
+	}
+	b := buckets{recs: top.Bucket(recordsBucket), exp: top.Bucket(expiryBucket)}
+	if b.recs == nil || b.exp == nil {
+		return buckets{}, fmt.Errorf("boltstore: bucket %q is damaged", s.name)
+	}
+	return b, nil
+}
+
+// recordKey is the key of a record: a 'k' before the idempotency key, since
+// bbolt takes no empty key and the contract does.
+func recordKey(key string) []byte {
+	k := make([]byte, 0, 1+len(key))
+	return append(append(k, 'k'), key...)
+}
+
+// expiryKey is the index entry of a record: ExpiresAt as a big-endian
+// integer with its sign bit flipped, so that byte order is time order, and
+// the idempotency key.
+func expiryKey(at int64, key string) []byte {
+	k := make([]byte, 8, 8+len(key))
+	binary.BigEndian.PutUint64(k, uint64(at)^(1<<63))
+	return append(k, key...)
+}
+
+func expiryAt(k []byte) int64 { return int64(binary.BigEndian.Uint64(k) ^ (1 << 63)) }
+
+// put writes r under key; old is the index time of the record it replaces
+// (ok false: none).
+func (b buckets) put(key string, r *rec, old int64, hadOld bool) error {
+	if hadOld && old != r.expiresAt {
+		if err := b.exp.Delete(expiryKey(old, key)); err != nil {
+			return err
+		}
+	}
+	if err := b.recs.Put(recordKey(key), encode(nil, r)); err != nil {
+		return err
+	}
+	if !hadOld || old != r.expiresAt {
+		return b.exp.Put(expiryKey(r.expiresAt, key), nil)
+	}
+	return nil
+}
+
+func (b buckets) remove(key string, r *rec) error {
+	if err := b.exp.Delete(expiryKey(r.expiresAt, key)); err != nil {
+		return err
+	}
+	return b.recs.Delete(recordKey(key))
+}
+
+// get returns key's record, if any.
+func (b buckets) get(key string) (rec, bool, error) {
+	v := b.recs.Get(recordKey(key))
+	if v == nil {
+		return rec{}, false, nil
+	}
+	r, err := decode(v)
+	if err != nil {
+		return rec{}, false, fmt.Errorf("key %q: %w", key, err)
+	}
+	return r, true, nil
+}
+
+// sweep removes up to limit records expired at now, oldest first, and
+// reports how many it removed and whether due entries remain.
+func (b buckets) sweep(now int64, limit int) (int, bool, error) {
+	if limit <= 0 {
+		return 0, false, nil
+	}
+	// Collect first, delete after: deleting under a cursor can skip entries.
+	var due [][]byte
+	c := b.exp.Cursor()
+	k, _ := c.First()
+	for ; k != nil && len(due) < limit; k, _ = c.Next() {
+		if len(k) >= 8 && expiryAt(k) > now {
+			break
+		}
+		due = append(due, bytes.Clone(k))
+	}
+	more := k != nil && (len(k) < 8 || expiryAt(k) <= now)
+	removed := 0
+	for _, ik := range due {
+		if len(ik) >= 8 {
+			at, key := expiryAt(ik), string(ik[8:])
+			rk := recordKey(key)
+			// A record is only removed by its own index entry: an entry
+			// left by an older expiry (never written, but cheap to check)
+			// must not remove a record that was given a later one.
+			if v := b.recs.Get(rk); v != nil {
+				if r, err := decode(v); err != nil || r.expiresAt == at {
+					if err := b.recs.Delete(rk); err != nil {
+						return removed, more, err
+					}
+					removed++
+				}
+			}
+		}
+		if err := b.exp.Delete(ik); err != nil {
+			return removed, more, err
+		}
+	}
+	return removed, more, nil
+}
+
+// Begin implements idempotency.Store.
+func (s *Store) Begin(ctx context.Context, key, fingerprint string, now time.Time, lease, retention time.Duration) (idempotency.Record, bool, error) {
+	if err := checkKey("begin", key); err != nil {
+		return idempotency.Record{}, false, err
+	}
+	n := unixNano(now)
+	var (
+		out     idempotency.Record
+		claimed bool
+	)
+	err := s.write(ctx, "begin", func(b buckets) error {
+		out, claimed = idempotency.Record{}, false
+		if _, _, err := b.sweep(n, s.sweepPerWrite); err != nil {
+			return err
+		}
+		cur, found, err := b.get(key)
+		if err != nil {
+			return err
+		}
+		if !found || n >= cur.expiresAt {
+			tok, err := b.recs.NextSequence()
+			if err != nil {
+				return err
+			}
+			r := rec{state: stateProcessing, token: tok, leaseUntil: n + int64(lease),
+				expiresAt: n + int64(retention), fp: fingerprint}
+			if err := b.put(key, &r, cur.expiresAt, found); err != nil {
+				return err
+			}
+			out, claimed = r.record(false), true
+			return nil
+		}
+		switch {
+		case cur.fp != fingerprint:
+			out = idempotency.Record{State: idempotency.Conflict, Fingerprint: cur.fp,
+				ExpiresAt: unixTime(cur.expiresAt)}
+			return nil
+		case cur.state == stateDone:
+			out = cur.record(true)
+			return nil
+		case n < cur.leaseUntil:
+			out = cur.record(false)
+			return nil
+		}
+		// The holder's lease ran out: take over with a larger token.
+		old := cur.expiresAt
+		tok, err := b.recs.NextSequence()
+		if err != nil {
+			return err
+		}
+		cur.token = tok
+		cur.leaseUntil = n + int64(lease)
+		cur.expiresAt = max(cur.expiresAt, cur.leaseUntil)
+		if err := b.put(key, &cur, old, true); err != nil {
+			return err
+		}
+		out, claimed = cur.record(false), true
+		return nil
+	})
+	if err != nil {
+		return idempotency.Record{}, false, err
+	}
+	return out, claimed, nil
+}
+
+// Complete implements idempotency.Store.
+func (s *Store) Complete(ctx context.Context, key string, token uint64, resp idempotency.Response, now time.Time, retention time.Duration) error {
+	if err := checkKey("complete", key); err != nil {
+		return err
+	}
+	n := unixNano(now)
+	// Encoding copies resp, so the store keeps no memory of the caller's.
+	var lost bool
+	err := s.write(ctx, "complete", func(b buckets) error {
+		lost = false
+		cur, found, err := b.get(key)
+		if err != nil {
+			return err
+		}
+		if !found || cur.token != token || cur.state != stateProcessing {
+			lost = true
+			return nil
+		}
+		old := cur.expiresAt
+		cur.state = stateDone
+		cur.resp = resp
+		cur.leaseUntil = 0
+		cur.expiresAt = n + int64(retention)
+		if err := b.put(key, &cur, old, true); err != nil {
+			return err
+		}
+		_, _, err = b.sweep(n, s.sweepPerWrite)
+		return err
+	})
+	if err != nil {
+		return err
+	}
+	if lost {
+		return fmt.Errorf("boltstore: complete %q: %w", key, idempotency.ErrLeaseLost)
+	}
+	return nil
+}
+
+// Extend implements idempotency.Store.
+func (s *Store) Extend(ctx context.Context, key string, token uint64, now time.Time, lease time.Duration) error {
+	if err := checkKey("extend", key); err != nil {
+		return err
+	}
+	n := unixNano(now)
+	var lost bool
+	err := s.write(ctx, "extend", func(b buckets) error {
+		lost = false
+		cur, found, err := b.get(key)
+		if err != nil {
+			return err
+		}
+		if !found || cur.token != token || cur.state != stateProcessing {
+			lost = true
+			return nil
+		}
+		old := cur.expiresAt
+		cur.leaseUntil = n + int64(lease)
+		cur.expiresAt = max(cur.expiresAt, cur.leaseUntil)
+		return b.put(key, &cur, old, true)
+	})
+	if err != nil {
+		return err
+	}
+	if lost {
+		return fmt.Errorf("boltstore: extend %q: %w", key, idempotency.ErrLeaseLost)
+	}
+	return nil
+}
+
+// Release implements idempotency.Store.
+func (s *Store) Release(ctx context.Context, key string, token uint64) error {
+	if err := checkKey("release", key); err != nil {
+		return err
+	}
+	var lost bool
+	err := s.write(ctx, "release", func(b buckets) error {
+		lost = false
+		cur, found, err := b.get(key)
+		if err != nil {
+			return err
+		}
+		if !found || cur.token != token || cur.state != stateProcessing {
+			lost = true
+			return nil
+		}
+		return b.remove(key, &cur)
+	})
+	if err != nil {
+		return err
+	}
+	if lost {
+		return fmt.Errorf("boltstore: release %q: %w", key, idempotency.ErrLeaseLost)
+	}
+	return nil
+}
+
+// Delete implements idempotency.Store. It removes a record even if it cannot
+// be decoded; the index entry it leaves is dropped by the sweep.
+func (s *Store) Delete(ctx context.Context, key string) error {
+	if err := checkKey("delete", key); err != nil {
+		return err
+	}
+	return s.write(ctx, "delete", func(b buckets) error {
+		v := b.recs.Get(recordKey(key))
+		if v == nil {
+			return nil
+		}
+		if cur, err := decode(v); err == nil {
+			return b.remove(key, &cur)
+		}
+		return b.recs.Delete(recordKey(key))
+	})
+}
+
+// Get implements idempotency.Store. It reads a snapshot (db.View) and does
+// not wait for the committer.
+func (s *Store) Get(ctx context.Context, key string, now time.Time) (idempotency.Record, error) {
+	if err := ctx.Err(); err != nil {
+		return idempotency.Record{}, fmt.Errorf("boltstore: get: %w", err)
+	}
+	if s.closed.Load() {
+		return idempotency.Record{}, fmt.Errorf("boltstore: get: %w: %w", idempotency.ErrUnavailable, errClosed)
+	}
+	if len(key) > maxKeyLen {
+		return idempotency.Record{}, fmt.Errorf("boltstore: get %q: %w", key, idempotency.ErrNotFound)
+	}
+	var (
+		cur   rec
+		found bool
+	)
+	err := s.db.View(func(tx *bolt.Tx) error {
+		b, err := s.buckets(tx)
+		if err != nil {
+			return err
+		}
+		cur, found, err = b.get(key)
+		return err
+	})
+	if err != nil {
+		return idempotency.Record{}, fmt.Errorf("boltstore: get: %w: %w", idempotency.ErrUnavailable, err)
+	}
+	if !found || unixNano(now) >= cur.expiresAt {
+		return idempotency.Record{}, fmt.Errorf("boltstore: get %q: %w", key, idempotency.ErrNotFound)
+	}
+	return cur.record(cur.state == stateDone), nil
+}
+
+// Sweep removes up to limit records that expired at now (limit <= 0: all of
+// them), in transactions of at most Options.SweepBatch records that queue
+// with other writes, so writers wait for one short transaction at most. It
+// returns how many records it removed. Call it from a timer when writes are
+// too rare to keep the file small through their own sweeping.
+func (s *Store) Sweep(ctx context.Context, now time.Time, limit int) (int, error) {
+	n := unixNano(now)
+	total := 0
+	for limit <= 0 || total < limit {
+		chunk := s.sweepBatch
+		if limit > 0 {
+			chunk = min(chunk, limit-total)
+		}
+		var (
+			removed int
+			more    bool
+		)
+		err := s.write(ctx, "sweep", func(b buckets) error {
+			var err error
+			removed, more, err = b.sweep(n, chunk)
+			return err
+		})
+		if err != nil {
+			return total, err
+		}
+		total += removed
+		if !more {
+			break
+		}
+	}
+	return total, nil
+}
+
+func checkKey(op, key string) error {
+	if len(key) > maxKeyLen {
+		return fmt.Errorf("boltstore: %s: %w: %w (key of %d bytes, limit %d)",
+			op, idempotency.ErrUnavailable, bolt.ErrKeyTooLarge, len(key), maxKeyLen)
+	}
+	return nil
+}
+
+// op is one write waiting for its commit.
+type op struct {
+	ctx context.Context
+	// fn decides and applies the write inside a transaction. It may run
+	// more than once (when another write of its batch fails, the batch is
+	// rolled back and re-run), so it resets its results first. It returns
+	// an error only for an engine failure, which fails this write alone.
+	fn   func(buckets) error
+	err  error // set by the committer before done is closed
+	done chan struct{}
+}
+
+// apply runs o in tx unless its caller has gone.
+func (s *Store) apply(tx *bolt.Tx, o *op) error {
+	if o.ctx.Err() != nil {
+		return nil // the caller returned already; change nothing
+	}
+	b, err := s.buckets(tx)
+	if err != nil {
+		return err
+	}
+	return o.fn(b)
+}
+
+// write runs fn in a committed, fsynced transaction, shared with the other
+// writes waiting at that moment.
+func (s *Store) write(ctx context.Context, name string, fn func(buckets) error) error {
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("boltstore: %s: %w", name, err)
+	}
+	if s.closed.Load() {
+		return fmt.Errorf("boltstore: %s: %w: %w", name, idempotency.ErrUnavailable, errClosed)
+	}
+	if s.solo {
+		s.commits.Add(1)
+		err := s.db.Update(func(tx *bolt.Tx) error {
+			b, err := s.buckets(tx)
+			if err != nil {
+				return err
+			}
+			return fn(b)
+		})
+		if err != nil {
+			return fmt.Errorf("boltstore: %s: %w: %w", name, idempotency.ErrUnavailable, err)
+		}
+		return nil
+	}
+	o := &op{ctx: ctx, fn: fn, done: make(chan struct{})}
+	select {
+	case s.reqs <- o:
+	case <-s.quit:
+		return fmt.Errorf("boltstore: %s: %w: %w", name, idempotency.ErrUnavailable, errClosed)
+	case <-ctx.Done():
+		return fmt.Errorf("boltstore: %s: %w", name, ctx.Err())
+	}
+	select {
+	case <-o.done:
+	case <-ctx.Done():
+		// The write may be in the transaction being committed.
+		return fmt.Errorf("boltstore: %s: %w: %w", name, idempotency.ErrUnavailable, ctx.Err())
+	}
+	if o.err != nil {
+		return fmt.Errorf("boltstore: %s: %w: %w", name, idempotency.ErrUnavailable, o.err)
+	}
+	return nil
+}
+
+// loop is the committer: it takes the writes that are waiting, applies them
+// in one transaction and wakes their callers once it is on disk.
+func (s *Store) loop() {
+	defer close(s.loopDone)
+	batch := make([]*op, 0, min(s.maxBatch, 1024))
+	var timer *time.Timer
+	for {
+		select {
+		case o := <-s.reqs:
+			batch = append(batch[:0], o)
+		case <-s.quit:
+			return
+		}
+		if s.batchDelay > 0 {
+			if timer == nil {
+				timer = time.NewTimer(s.batchDelay)
+			} else {
+				timer.Reset(s.batchDelay)
+			}
+		gather:
+			for len(batch) < s.maxBatch {
+				select {
+				case o := <-s.reqs:
+					batch = append(batch, o)
+				case <-timer.C:
+					break gather
+				case <-s.quit:
+					break gather // commit what was taken, then stop
+				}
+			}
+			timer.Stop()
+		} else {
+		drain:
+			for len(batch) < s.maxBatch {
+				select {
+				case o := <-s.reqs:
+					batch = append(batch, o)
+				default:
+					break drain
+				}
+			}
+		}
+		s.commit(batch)
+		clear(batch)
+	}
+}
+
+// update is db.Update that turns a panic into an error: the committer must
+// outlive a bug in one write, or every later caller would wait forever.
+func (s *Store) update(fn func(*bolt.Tx) error) (err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("boltstore: panic in a write transaction: %v", r)
+		}
+	}()
+	return s.db.Update(fn)
+}
+
+// commit applies ops in one transaction. A write that fails is taken out
+// and the rest re-run, so that one bad write does not fail its neighbours.
+func (s *Store) commit(ops []*op) {
+	for len(ops) > 0 {
+		failed := -1
+		var ferr error
+		s.commits.Add(1)
+		err := s.update(func(tx *bolt.Tx) error {
+			for i, o := range ops {
+				if err := s.apply(tx, o); err != nil {
+					failed, ferr = i, err
+					return err
+				}
+			}
+			return nil
+		})
+		if failed >= 0 {
+			o := ops[failed]
+			o.err = ferr
+			close(o.done)
+			ops = append(ops[:failed], ops[failed+1:]...)
+			continue
+		}
+		for _, o := range ops {
+			o.err = err
+			close(o.done)
+		}
+		return
+	}
+}

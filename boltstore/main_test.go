@@ -1,0 +1,23 @@
+package boltstore
+
+import (
+	"fmt"
+	"os"
+	"testing"
+
+	"go.uber.org/goleak"
+)
+
+func TestMain(m *testing.M) {
+	if path := os.Getenv(crashChildVar); path != "" {
+		// A child of TestCrash: run the write storm instead of the tests
+		// until the parent kills it.
+		if err := crashChild(path); err != nil {
+			fmt.Fprintln(os.Stderr, "crash child:", err)
+			os.Exit(2)
+		}
+		os.Exit(0)
+	}
+	// Every Store a test opens is closed, so no committer may outlive it.
+	goleak.VerifyTestMain(m)
+}
