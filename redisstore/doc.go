@@ -1,0 +1,82 @@
+// Package redisstore is an idempotency.Store on Redis (github.com/redis/go-redis/v9),
+// for a fleet of application instances sharing one dedup window. It works on
+// a single node, behind Sentinel (redis.NewFailoverClient) and on Redis
+// Cluster: New takes any redis.UniversalClient.
+//
+// # Layout and round trips
+//
+// Each key's record is one Redis hash at Prefix+key, so Cluster needs no
+// hash tags. Every operation is one round trip: Begin, Complete, Extend,
+// Release and Get are Lua scripts run with EVALSHA (go-redis's Script.Run
+// falls back to EVAL, which loads the script, on NOSCRIPT), and Delete is one
+// HDEL. A new request therefore costs two round trips (Begin, Complete) and
+// a replay one.
+//
+// The record's times are stored in it and every decision compares them:
+// the key's TTL (PEXPIRE or PEXPIREAT, set to cover the end of the window)
+// is only garbage collection, never the judge.
+//
+// # Whose clock rules leases
+//
+// With the default ServerClock the scripts read the Redis server's TIME and
+// ignore the now arguments: every application instance judges a key's lease
+// by the same clock, the one of the server that holds the key, so a host
+// whose clock runs ahead cannot take over a live holder's claim and run the
+// operation a second time. Lease renewal stays safe because the Guard times
+// renewals with durations, not with wall-clock instants. The window's TTL is
+// PEXPIREAT at the window's end by the same clock. Records' LeaseUntil and
+// ExpiresAt are then server times. The residual risk is a failover to a
+// replica whose clock differs from the old primary's.
+//
+// CallerClock judges by the now each call is given, as the Store contract
+// describes; it is what tests that move time need (the conformance suite
+// runs in this mode) and what a deployment with well-synchronised hosts and
+// a mistrusted server clock may choose. The TTL is then relative (PEXPIRE
+// window end minus now) and never shortened by a later call.
+//
+// # Fencing tokens
+//
+// A new claim's token is the larger of the previous token of the key plus
+// one and the server's TIME in microseconds. Release and Delete leave a
+// tombstone (the hash with only the token, keeping its TTL) so that the next
+// claim counts on from it; once the tombstone itself has expired, the server
+// clock has moved on past the old token. Tokens therefore increase strictly
+// per key across takeovers, releases, deletions and expiry, as long as the
+// server's clock does not step back by more than the time since the key's
+// last claim (and, on Cluster, the clocks of a master and its replicas
+// agree). Tokens fit in 53 bits, the precision of Lua's numbers.
+//
+// # Redis settings this store depends on
+//
+//   - maxmemory-policy must be noeviction. Every volatile-* policy evicts
+//     exactly these records, since all of them carry TTLs, and allkeys-*
+//     evicts them too: an evicted claim or result lets a retry run the
+//     operation a second time. With noeviction a full server refuses writes
+//     (OOM) and the store fails closed with ErrUnavailable. New reads the
+//     policy of each server (each master on Cluster) with CONFIG GET and logs
+//     a warning on any other policy, or fails with ErrInvalidConfig when
+//     Options.RequireNoEviction is set; a server where CONFIG is disabled
+//     (many managed services) only gets a warning.
+//   - Persistence. Without AOF a restart loses every record. With
+//     appendonly yes and appendfsync everysec (Redis's default) up to about a
+//     second of acknowledged claims and results is lost on a crash of the
+//     server's host; with appendfsync always none is, at the cost of an fsync
+//     per write. A lost claim or result means a retry runs again.
+//   - Replication is asynchronous. A failover (Sentinel or Cluster) can
+//     promote a replica that has not yet received the latest acknowledged
+//     claims and results, so a retry may run the operation a second time.
+//     The store does not offer WAIT (it is a second round trip, and even
+//     WAIT does not make failover strongly consistent); fence side effects
+//     downstream with the token (idempotency.TokenFrom) where that matters.
+//
+// # Errors and time limits
+//
+// Every Redis failure (network, timeout, OOM, READONLY, CLUSTERDOWN, ...)
+// is returned wrapped together with idempotency.ErrUnavailable; a write that
+// failed so may or may not have been applied. Options.OpTimeout bounds each
+// operation: with a client whose ContextTimeoutEnabled is set the deadline
+// reaches the socket; otherwise the store stops waiting at the deadline and
+// leaves the call to the client's own ReadTimeout. go-redis retries network
+// errors (MaxRetries); a retried Begin that had been applied finds its own
+// claim and reports it in flight, which is safe.
+package redisstore

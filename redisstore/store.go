@@ -1,0 +1,429 @@
+package redisstore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/archlab/idempotency"
+)
+
+// Clock says whose clock judges leases and windows.
+type Clock int
+
+const (
+	// ServerClock (the default) judges by the Redis server's TIME, read
+	// inside each script; the now arguments are ignored. One clock per key
+	// for the whole fleet.
+	ServerClock Clock = iota
+	// CallerClock judges by the now each method is given, as the Store
+	// contract describes. Use it for tests that move time, or when the
+	// application hosts' clocks are trusted more than the server's.
+	CallerClock
+)
+
+// String names the clock.
+func (c Clock) String() string {
+	switch c {
+	case ServerClock:
+		return "ServerClock"
+	case CallerClock:
+		return "CallerClock"
+	}
+	return "Clock(" + strconv.Itoa(int(c)) + ")"
+}
+
+// DefaultPrefix and DefaultOpTimeout are the zero values' meanings.
+const (
+	DefaultPrefix    = "idem:"
+	DefaultOpTimeout = 2 * time.Second
+)
+
+// Options configure New; nil means all defaults.
+type Options struct {
+	// Prefix is put before every key ("": DefaultPrefix).
+	Prefix string
+	// OpTimeout bounds each operation, retries included (0:
+	// DefaultOpTimeout). An operation that runs out fails with
+	// ErrUnavailable; its write may or may not have been applied.
+	OpTimeout time.Duration
+	// Clock judges leases and windows (zero: ServerClock).
+	Clock Clock
+	// Logger receives the warning about an evicting maxmemory-policy, or
+	// a policy that could not be read (nil: slog.Default()).
+	Logger *slog.Logger
+	// RequireNoEviction makes New fail with ErrInvalidConfig when a server
+	// reports a maxmemory-policy other than noeviction, instead of warning.
+	// A server that does not answer CONFIG GET only gets a warning.
+	RequireNoEviction bool
+}
+
+// Store is an idempotency.Store on Redis. It is safe for concurrent use;
+// it starts no goroutine and holds nothing but the caller's client, which
+// the caller closes.
+type Store struct {
+	c          redis.UniversalClient
+	prefix     string
+	timeout    time.Duration
+	server     bool
+	ctxHonored bool // the client bounds its I/O by the context's deadline
+}
+
+var _ idempotency.Store = (*Store)(nil)
+
+// New returns a Store on client: a *redis.Client (single node or, from
+// NewFailoverClient, Sentinel), a *redis.ClusterClient or any other
+// UniversalClient. It checks each server's maxmemory-policy (see the
+// package documentation); an unreachable server is not an error here, the
+// store fails closed when used.
+func New(client redis.UniversalClient, opts *Options) (*Store, error) {
+	if opts == nil {
+		opts = &Options{}
+	}
+	if client == nil {
+		return nil, fmt.Errorf("redisstore: %w: nil client", idempotency.ErrInvalidConfig)
+	}
+	s := &Store{c: client, prefix: opts.Prefix, timeout: opts.OpTimeout, ctxHonored: honorsContext(client)}
+	if s.prefix == "" {
+		s.prefix = DefaultPrefix
+	}
+	switch {
+	case s.timeout == 0:
+		s.timeout = DefaultOpTimeout
+	case s.timeout < 0:
+		return nil, fmt.Errorf("redisstore: %w: OpTimeout %v is negative", idempotency.ErrInvalidConfig, s.timeout)
+	}
+	switch opts.Clock {
+	case ServerClock:
+		s.server = true
+	case CallerClock:
+	default:
+		return nil, fmt.Errorf("redisstore: %w: unknown %v", idempotency.ErrInvalidConfig, opts.Clock)
+	}
+	log := opts.Logger
+	if log == nil {
+		log = slog.Default()
+	}
+	if err := s.checkEviction(log, opts.RequireNoEviction); err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+// honorsContext reports whether client's I/O stops at a context deadline.
+// Without it (ContextTimeoutEnabled false) only ReadTimeout would bound a
+// call to a paused server, so the store waits for its result apart.
+func honorsContext(client redis.UniversalClient) bool {
+	switch c := client.(type) {
+	case *redis.Client:
+		return c.Options().ContextTimeoutEnabled
+	case *redis.ClusterClient:
+		return c.Options().ContextTimeoutEnabled
+	case *redis.Ring:
+		return c.Options().ContextTimeoutEnabled
+	}
+	return false
+}
+
+func (s *Store) checkEviction(log *slog.Logger, require bool) error {
+	ctx, cancel := context.WithTimeout(context.Background(), s.timeout)
+	defer cancel()
+	check := func(ctx context.Context, c redis.UniversalClient, addr string) error {
+		v, err := c.ConfigGet(ctx, "maxmemory-policy").Result()
+		policy, ok := v["maxmemory-policy"]
+		switch {
+		case err != nil || !ok:
+			log.Warn("redisstore: could not read maxmemory-policy; make sure it is noeviction",
+				"addr", addr, "err", err)
+		case policy != "noeviction":
+			if require {
+				return fmt.Errorf("redisstore: %w: %s has maxmemory-policy %s, not noeviction: live records can be evicted",
+					idempotency.ErrInvalidConfig, addr, policy)
+			}
+			log.Warn("redisstore: maxmemory-policy evicts records; a retry may run twice (set noeviction)",
+				"addr", addr, "policy", policy)
+		}
+		return nil
+	}
+	if cc, ok := s.c.(*redis.ClusterClient); ok {
+		return cc.ForEachMaster(ctx, func(ctx context.Context, c *redis.Client) error {
+			return check(ctx, c, c.Options().Addr)
+		})
+	}
+	return check(ctx, s.c, "")
+}
+
+// call runs script on key within OpTimeout.
+func (s *Store) call(ctx context.Context, op string, sc *redis.Script, key string, args ...any) (any, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, fmt.Errorf("redisstore: %s: %w", op, err)
+	}
+	ctx, cancel := context.WithTimeout(ctx, s.timeout)
+	defer cancel()
+	keys := []string{s.prefix + key}
+	var v any
+	var err error
+	if s.ctxHonored {
+		v, err = sc.Run(ctx, s.c, keys, args...).Result()
+	} else {
+		v, err = s.detached(ctx, func(ctx context.Context) (any, error) {
+			return sc.Run(ctx, s.c, keys, args...).Result()
+		})
+	}
+	if err != nil {
+		return nil, unavailable(op, err)
+	}
+	return v, nil
+}
+
+// detached runs f and returns when it does or ctx ends, whichever is first.
+// f goes on until the client's own timeouts stop it.
+func (s *Store) detached(ctx context.Context, f func(context.Context) (any, error)) (any, error) {
+	type result struct {
+		v   any
+		err error
+	}
+	ch := make(chan result, 1)
+	go func() {
+		v, err := f(ctx)
+		ch <- result{v, err}
+	}()
+	select {
+	case r := <-ch:
+		return r.v, r.err
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+}
+
+func unavailable(op string, err error) error {
+	return fmt.Errorf("redisstore: %s: %w: %w", op, idempotency.ErrUnavailable, err)
+}
+
+func leaseLost(op string) error {
+	return fmt.Errorf("redisstore: %s: %w", op, idempotency.ErrLeaseLost)
+}
+
+// clockArgs returns the time arguments of a script: empty for ServerClock.
+func (s *Store) clockArgs(now time.Time) (any, any) {
+	if s.server {
+		return "", ""
+	}
+	sec := now.Unix()
+	if sec < 0 {
+		return int64(0), 0
+	}
+	return sec, now.Nanosecond()
+}
+
+// durArgs splits d (negative counts as 0) into seconds and nanoseconds.
+func durArgs(d time.Duration) (int64, int64) {
+	d = max(d, 0)
+	return int64(d / time.Second), int64(d % time.Second)
+}
+
+// Begin implements idempotency.Store.
+func (s *Store) Begin(ctx context.Context, key, fingerprint string, now time.Time, lease, retention time.Duration) (idempotency.Record, bool, error) {
+	ns, nn := s.clockArgs(now)
+	ls, ln := durArgs(lease)
+	rs, rn := durArgs(retention)
+	v, err := s.call(ctx, "begin", beginScript, key, fingerprint, ns, nn, ls, ln, rs, rn)
+	if err != nil {
+		return idempotency.Record{}, false, err
+	}
+	reply, ok := v.([]any)
+	if !ok || len(reply) < 6 {
+		return idempotency.Record{}, false, badReply("begin", v)
+	}
+	rec, err := parseRecord(reply)
+	if err != nil {
+		return idempotency.Record{}, false, unavailable("begin", err)
+	}
+	code, _ := reply[0].(int64)
+	switch code {
+	case 1:
+		return rec, true, nil
+	case 2:
+		rec.State = idempotency.Conflict
+		rec.Token = 0
+		rec.LeaseUntil = time.Time{}
+	}
+	return rec, false, nil
+}
+
+// parseRecord reads fingerprint, state, token, lease end, window end and,
+// when present, status, header and body from a script's reply.
+func parseRecord(r []any) (idempotency.Record, error) {
+	str := func(i int) string {
+		if i < len(r) {
+			if s, ok := r[i].(string); ok {
+				return s
+			}
+		}
+		return ""
+	}
+	var rec idempotency.Record
+	var err error
+	rec.Fingerprint = str(1)
+	switch str(2) {
+	case "P":
+		rec.State = idempotency.Processing
+	case "D":
+		rec.State = idempotency.Done
+	}
+	if t := str(3); t != "" {
+		if rec.Token, err = strconv.ParseUint(t, 10, 64); err != nil {
+			return rec, err
+		}
+	}
+	if rec.LeaseUntil, err = parseTime(str(4)); err != nil {
+		return rec, err
+	}
+	if rec.ExpiresAt, err = parseTime(str(5)); err != nil {
+		return rec, err
+	}
+	if rec.State != idempotency.Done {
+		return rec, nil
+	}
+	if rec.Response.Status, err = strconv.Atoi(str(6)); err != nil {
+		return rec, err
+	}
+	if len(r) > 7 && r[7] != nil {
+		if rec.Response.Header, err = decodeHeader([]byte(str(7))); err != nil {
+			return rec, err
+		}
+	}
+	if len(r) > 8 && r[8] != nil {
+		rec.Response.Body = []byte(str(8))
+	}
+	return rec, nil
+}
+
+// parseTime reads the 20-digit form the scripts compare ("" is the zero
+// time).
+func parseTime(s string) (time.Time, error) {
+	if s == "" {
+		return time.Time{}, nil
+	}
+	if len(s) != 20 {
+		return time.Time{}, fmt.Errorf("bad time %q", s)
+	}
+	sec, err1 := strconv.ParseInt(s[:11], 10, 64)
+	nsec, err2 := strconv.ParseInt(s[11:], 10, 64)
+	if err := errors.Join(err1, err2); err != nil {
+		return time.Time{}, fmt.Errorf("bad time %q: %w", s, err)
+	}
+	return time.Unix(sec, nsec), nil
+}
+
+func badReply(op string, v any) error {
+	return unavailable(op, fmt.Errorf("unexpected script reply %T %v", v, v))
+}
+
+// Complete implements idempotency.Store.
+func (s *Store) Complete(ctx context.Context, key string, token uint64, resp idempotency.Response, now time.Time, retention time.Duration) error {
+	header := encodeHeader(resp.Header)
+	hasBody := "0"
+	if resp.Body != nil {
+		hasBody = "1"
+	}
+	ns, nn := s.clockArgs(now)
+	rs, rn := durArgs(retention)
+	v, err := s.call(ctx, "complete", completeScript, key,
+		strconv.FormatUint(token, 10), ns, nn, rs, rn, resp.Status, header, hasBody, resp.Body)
+	return s.checkDone("complete", v, err)
+}
+
+func (s *Store) checkDone(op string, v any, err error) error {
+	if err != nil {
+		return err
+	}
+	switch v {
+	case int64(1):
+		return nil
+	case int64(0):
+		return leaseLost(op)
+	}
+	return badReply(op, v)
+}
+
+// Extend implements idempotency.Store.
+func (s *Store) Extend(ctx context.Context, key string, token uint64, now time.Time, lease time.Duration) error {
+	ns, nn := s.clockArgs(now)
+	ls, ln := durArgs(lease)
+	v, err := s.call(ctx, "extend", extendScript, key, strconv.FormatUint(token, 10), ns, nn, ls, ln)
+	return s.checkDone("extend", v, err)
+}
+
+// Release implements idempotency.Store. It leaves a tombstone holding the
+// token, so that the next claim of key gets a larger one.
+func (s *Store) Release(ctx context.Context, key string, token uint64) error {
+	v, err := s.call(ctx, "release", releaseScript, key, strconv.FormatUint(token, 10))
+	return s.checkDone("release", v, err)
+}
+
+// Get implements idempotency.Store.
+func (s *Store) Get(ctx context.Context, key string, now time.Time) (idempotency.Record, error) {
+	ns, nn := s.clockArgs(now)
+	v, err := s.call(ctx, "get", getScript, key, ns, nn)
+	if err != nil {
+		return idempotency.Record{}, err
+	}
+	reply, ok := v.([]any)
+	if !ok {
+		return idempotency.Record{}, badReply("get", v)
+	}
+	if len(reply) == 0 {
+		return idempotency.Record{}, fmt.Errorf("redisstore: get %q: %w", key, idempotency.ErrNotFound)
+	}
+	rec, err := parseRecord(reply)
+	if err != nil {
+		return idempotency.Record{}, unavailable("get", err)
+	}
+	return rec, nil
+}
+
+// Delete implements idempotency.Store. Like Release it keeps the token as a
+// tombstone; the key's TTL stays.
+func (s *Store) Delete(ctx context.Context, key string) error {
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("redisstore: delete: %w", err)
+	}
+	ctx, cancel := context.WithTimeout(ctx, s.timeout)
+	defer cancel()
+	k := s.prefix + key
+	var err error
+	if s.ctxHonored {
+		err = s.c.HDel(ctx, k, recordFields...).Err()
+	} else {
+		_, err = s.detached(ctx, func(ctx context.Context) (any, error) {
+			return nil, s.c.HDel(ctx, k, recordFields...).Err()
+		})
+	}
+	if err != nil {
+		return unavailable("delete", err)
+	}
+	return nil
+}
+
+// Key returns the Redis key that holds key's record, for operators.
+func (s *Store) Key(key string) string { return s.prefix + key }
+
+// String describes the store for logs.
+func (s *Store) String() string {
+	var b strings.Builder
+	b.WriteString("redisstore(prefix=")
+	b.WriteString(strconv.Quote(s.prefix))
+	if s.server {
+		b.WriteString(", ServerClock)")
+	} else {
+		b.WriteString(", CallerClock)")
+	}
+	return b.String()
+}
