@@ -1,0 +1,242 @@
+// Package dedup is a consumer-side dedup window for at-least-once message
+// delivery, built on idempotency.Guard: a message whose processing
+// succeeded is acknowledged and dropped when it comes again inside the
+// window, one whose processing failed is processed again, and one being
+// processed by another consumer is negatively acknowledged with a delay.
+//
+// The window takes any idempotency.Store: the MemoryStore for one process,
+// or an engine store (boltstore, redisstore, pgstore) shared by every
+// consumer of a queue, which is what makes competing consumers and
+// consumer restarts safe. The natsdedup subpackage adapts it to NATS
+// JetStream.
+//
+// # What each layer deduplicates
+//
+// Brokers offer deduplication on the publish side, which this window does
+// not replace:
+//
+//   - NATS JetStream drops a published message whose Nats-Msg-Id header it
+//     saw within the stream's duplicate window (StreamConfig.Duplicates, 2
+//     minutes by default). It covers a publisher retrying a publish whose
+//     acknowledgement was lost, within that window. It does not cover
+//     redelivery to consumers (AckWait expiry, Nak, a consumer dying before
+//     it acks, an ack lost on the way back), nor a publisher that retries
+//     after the window, nor two publishers giving one logical event two ids.
+//   - Amazon SQS FIFO queues drop a message whose deduplication id (given,
+//     or the SHA-256 of the body with content-based deduplication) was
+//     accepted in the previous 5 minutes. Same scope: publish side only; a
+//     received message whose visibility timeout expires is delivered again.
+//   - Kafka's idempotent producer (enable.idempotence) numbers each
+//     producer's batches per partition, so the broker drops a batch resent
+//     after a lost acknowledgement. It holds for one producer session only
+//     (a restarted producer without a transactional.id gets a new producer
+//     id), and says nothing about consumers, which reprocess everything
+//     after their last committed offset when they restart or rebalance.
+//
+// This window covers the consumer side: whatever the broker delivers twice,
+// for whatever reason, runs the handler once per message id inside
+// Options.Window, as long as the id names the logical message. That is why
+// the id should come from the producer (a Nats-Msg-Id set from a business
+// key, an event id), not from the broker's delivery: a broker sequence
+// number dedups redeliveries of one stored message, but not a duplicate the
+// producer stored twice.
+//
+// # Guarantees and limits
+//
+// fn runs at most once per id at a time, and at most once successfully per
+// id inside the window. A success stored in the window is the evidence; if
+// the store loses it (MemoryStore restarted, the record expired), a late
+// redelivery runs fn again. If a consumer dies while fn runs, its claim
+// blocks the id until its lease ends, then another consumer takes it over
+// and runs fn again: fn's side effects must be made conditional on the
+// fencing token (idempotency.TokenFrom) or be idempotent themselves for
+// exactly-once effects across that case.
+package dedup
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/archlab/idempotency"
+)
+
+// Action is what the consumer should tell the broker.
+type Action string
+
+const (
+	// Ack: the message was processed, now or earlier; acknowledge it.
+	Ack Action = "ACK"
+	// Nak: process it again later, after Decision.Delay (0: at once).
+	Nak Action = "NAK"
+	// Term: the message can never be processed under its id (the id was
+	// used by a different kind of message); stop redelivering it.
+	Term Action = "TERM"
+)
+
+// Decision is the answer of Process.
+type Decision struct {
+	Action Action
+	// Delay is how long to wait before a redelivery, for Nak.
+	Delay time.Duration
+	// Outcome is the Guard's outcome: Executed (fn ran now), Replayed (a
+	// duplicate of a processed message), InFlight, Conflicted, Unavailable.
+	Outcome idempotency.Outcome
+}
+
+// Options configure New; nil means all defaults.
+type Options struct {
+	// Window is how long a processed message id is remembered (0: 24h).
+	// Redeliveries and duplicates later than that run fn again. It should
+	// exceed the broker's longest redelivery horizon (for JetStream,
+	// AckWait times MaxDeliver plus backoffs) and must be at least Lease.
+	Window time.Duration
+	// Lease is how long a consumer's claim excludes the others while fn
+	// runs (0: idempotency.DefaultLease, 30s). The claim is renewed while fn
+	// runs; Lease bounds how long a consumer that died mid-message blocks
+	// the id, and the Nak delay given to a duplicate.
+	Lease time.Duration
+	// RenewEvery is the lease renewal interval (0: Lease/3; negative: none).
+	RenewEvery time.Duration
+	// Prefix is prepended to every message id in the store, to keep several
+	// queues or consumer groups apart in one store ("" : none).
+	Prefix string
+	// RetryDelay is the Nak delay after fn failed (0: at once).
+	RetryDelay time.Duration
+	// UnavailableDelay is the Nak delay when the store cannot be reached
+	// (0: 1s).
+	UnavailableDelay time.Duration
+	// MinDelay is the least Nak delay for a message in flight elsewhere, so
+	// that a holder near the end of its lease is not polled in a loop
+	// (0: 10ms).
+	MinDelay time.Duration
+	// Now is the clock given to the store (nil: time.Now).
+	Now func() time.Time
+}
+
+// Window deduplicates messages by id. It is safe for concurrent use.
+type Window struct {
+	guard *idempotency.Guard
+	opts  Options
+}
+
+// fingerprint is the same for every message: the id alone names it.
+const fingerprint = "dedup/v1"
+
+// New returns a Window on store, with its options validated.
+func New(store idempotency.Store, opts *Options) (*Window, error) {
+	var o Options
+	if opts != nil {
+		o = *opts
+	}
+	if store == nil {
+		return nil, fmt.Errorf("%w: dedup: nil store", idempotency.ErrInvalidConfig)
+	}
+	switch {
+	case o.RetryDelay < 0:
+		return nil, fmt.Errorf("%w: dedup: RetryDelay %v is negative", idempotency.ErrInvalidConfig, o.RetryDelay)
+	case o.UnavailableDelay < 0:
+		return nil, fmt.Errorf("%w: dedup: UnavailableDelay %v is negative", idempotency.ErrInvalidConfig, o.UnavailableDelay)
+	case o.MinDelay < 0:
+		return nil, fmt.Errorf("%w: dedup: MinDelay %v is negative", idempotency.ErrInvalidConfig, o.MinDelay)
+	case o.Window < 0:
+		return nil, fmt.Errorf("%w: dedup: Window %v is negative", idempotency.ErrInvalidConfig, o.Window)
+	}
+	if o.UnavailableDelay == 0 {
+		o.UnavailableDelay = time.Second
+	}
+	if o.MinDelay == 0 {
+		o.MinDelay = 10 * time.Millisecond
+	}
+	g, err := idempotency.NewGuard(store, &idempotency.Options{
+		Lease: o.Lease, Retention: o.Window, RenewEvery: o.RenewEvery, Now: o.Now,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("dedup: %w", err)
+	}
+	return &Window{guard: g, opts: o}, nil
+}
+
+// Process runs fn for the message msgID unless it was processed inside the
+// window, and says what to tell the broker:
+//
+//   - fn ran and succeeded: Ack, nil. If its success could not be stored,
+//     the error says so (still Ack: the effect happened; a redelivery after
+//     the lease may run fn again).
+//   - msgID was processed before: Ack, nil; fn does not run.
+//   - fn failed: Nak after Options.RetryDelay, and fn's error. The id is
+//     released, so the redelivery runs fn again at once.
+//   - another consumer is processing msgID: Nak with the time left on its
+//     lease (at least Options.MinDelay), nil; fn does not run.
+//   - the store cannot be reached: Nak after Options.UnavailableDelay, and
+//     an error wrapping idempotency.ErrUnavailable; fn does not run.
+//   - msgID is held by a record of another kind: Term, and an error
+//     wrapping idempotency.ErrConflict.
+//
+// fn runs with a context carrying the fencing token (idempotency.TokenFrom)
+// that is cancelled if another consumer takes the id over. An empty msgID
+// is refused (Term): a message without an id cannot be deduplicated.
+func (w *Window) Process(ctx context.Context, msgID string, fn func(ctx context.Context) error) (Decision, error) {
+	if msgID == "" {
+		return Decision{Action: Term, Outcome: idempotency.Conflicted}, errors.New("dedup: empty message id")
+	}
+	var fnErr error
+	res, err := w.guard.Run(ctx, w.opts.Prefix+msgID, fingerprint, func(ctx context.Context) (idempotency.Response, error) {
+		if fnErr = fn(ctx); fnErr != nil {
+			// Processed again on redelivery: the message's work is not done,
+			// and fn is the one to know whether a partial effect must be
+			// undone first.
+			return idempotency.Response{}, idempotency.Retryable(fnErr)
+		}
+		return idempotency.Response{}, nil
+	})
+	d := Decision{Outcome: res.Outcome}
+	switch res.Outcome {
+	case idempotency.Replayed:
+		d.Action = Ack
+		return d, nil
+	case idempotency.InFlight:
+		d.Action = Nak
+		d.Delay = max(res.LeaseUntil.Sub(w.now()), w.opts.MinDelay)
+		return d, nil
+	case idempotency.Conflicted:
+		d.Action = Term
+		return d, fmt.Errorf("dedup: message id %q: %w", msgID, err)
+	case idempotency.Unavailable:
+		d.Action = Nak
+		d.Delay = w.opts.UnavailableDelay
+		return d, err
+	}
+	// Executed.
+	if fnErr != nil {
+		d.Action = Nak
+		d.Delay = w.opts.RetryDelay
+		if errors.Is(err, idempotency.ErrUnavailable) && !errors.Is(fnErr, idempotency.ErrUnavailable) {
+			// The release failed: the claim stays until its lease ends.
+			d.Delay = max(d.Delay, w.lease())
+		}
+		if !errors.Is(err, fnErr) {
+			err = errors.Join(fnErr, err) // the lease was lost as well
+		}
+		return d, err
+	}
+	// fn succeeded. A non-nil err says its success could not be recorded
+	// (store unavailable, lease lost): still Ack, the effect happened.
+	d.Action = Ack
+	return d, err
+}
+
+func (w *Window) now() time.Time {
+	if w.opts.Now != nil {
+		return w.opts.Now()
+	}
+	return time.Now()
+}
+
+func (w *Window) lease() time.Duration {
+	if w.opts.Lease > 0 {
+		return w.opts.Lease
+	}
+	return idempotency.DefaultLease
+}

@@ -1,0 +1,80 @@
+// Package idemgrpc makes unary gRPC methods idempotent with an
+// idempotency.Guard: a server interceptor that runs a handler at most once
+// per idempotency key and replays its stored response to every retry, and a
+// client interceptor that attaches a key to every call and keeps it across
+// the caller's retries.
+//
+// # The key
+//
+// The server takes the key from the incoming metadata field
+// "idempotency-key" or, in the style of AIP-155's request_id field, from the
+// request message through Options.KeyFunc. Keys are 1 to 255 visible ASCII
+// characters. A call without a key runs unguarded unless Options.Required is
+// set, in which case it fails with InvalidArgument.
+//
+// The fingerprint is the SHA-256 of the full method name and the
+// deterministic protobuf encoding of the request
+// (proto.MarshalOptions{Deterministic: true}). Deterministic encoding is
+// stable within one binary; two binaries built with different protobuf
+// versions may encode maps or unknown fields differently, so a retry that
+// reaches a server running another build may see a conflict for the same
+// request. Keep the window short across upgrades, or use KeyFunc with
+// requests whose encoding is canonical (no maps).
+//
+// # What is stored and replayed
+//
+// The response message (its wire encoding and its full type name), the
+// header metadata the handler set with grpc.SetHeader or grpc.SendHeader,
+// and, when Options.StoreErrors is set, the status of a failed call. A
+// replay sends the stored header metadata plus "idempotency-replayed: true"
+// and a response decoded into a new message of the stored type (looked up in
+// protoregistry.GlobalTypes, or made by Options.NewResponse). Trailer
+// metadata (grpc.SetTrailer) is not stored: a replay sends none.
+//
+// # Status codes
+//
+//   - Another call holds the key (in flight): Aborted, with an
+//     errdetails.RetryInfo whose delay is the time left on the holder's
+//     lease. Aborted is the code gRPC reserves for "retry at a higher
+//     level", which is what the client should do.
+//   - The key was used with a different request (another method, or
+//     another payload): FailedPrecondition, with an
+//     errdetails.PreconditionFailure naming the key. Not InvalidArgument:
+//     gRPC's guide keeps InvalidArgument for arguments that are wrong
+//     "regardless of the state of the system", and this request is fine in
+//     itself; it is rejected because of what the server did earlier with
+//     this key, and the same request with a fresh key succeeds. Retrying the
+//     same call gives the same answer until the key leaves the window.
+//   - The store cannot be reached: Unavailable, and the handler does not run
+//     (the Guard fails closed). Unavailable is retryable by gRPC's retry
+//     policy, and the retry carries the same key.
+//   - A key is required but missing or malformed: InvalidArgument.
+//   - The caller's context ended before the key could be claimed:
+//     Canceled or DeadlineExceeded.
+//   - The handler ran but its lease was taken over before its result was
+//     stored (ErrLeaseLost): its response is sent, and not stored.
+//   - The handler ran but its result could not be stored: its response is
+//     sent; a retry after the lease may run the handler again (fence the
+//     side effect downstream with idempotency.TokenFrom).
+//
+// # Handler errors
+//
+// A handler error whose code is in Options.ReleaseCodes (default
+// Unavailable, ResourceExhausted and Aborted: codes a handler returns when
+// it refused the work before doing it) releases the key at once, so the
+// retry runs the handler again. Any other error keeps the claim until its
+// lease ends, as after a crash: the handler may have had side effects, and a
+// retry inside the lease is answered Aborted. With Options.StoreErrors,
+// those other errors are stored instead and replayed, code, message and
+// details, to every retry inside the window, like a response.
+//
+// # Client
+//
+// UnaryClientInterceptor attaches a fresh key (128 random bits, base64url)
+// to each guarded call that carries none. A caller that retries by itself
+// puts the key in the context once, with WithKey or EnsureKey, and reuses
+// that context for every attempt. gRPC's own retry policy (service config
+// retryPolicy) and transparent retries run below the interceptors: the
+// interceptor runs once per logical call, and every attempt resends the same
+// metadata, hence the same key.
+package idemgrpc

@@ -1,0 +1,341 @@
+package idemgrpc
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/archlab/idempotency"
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
+	spb "google.golang.org/genproto/googleapis/rpc/status"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/reflect/protoreflect"
+	"google.golang.org/protobuf/reflect/protoregistry"
+	"google.golang.org/protobuf/types/known/durationpb"
+)
+
+// MetadataKey is the metadata field that carries the idempotency key.
+const MetadataKey = "idempotency-key"
+
+// ReplayedKey is the header metadata field set to "true" on a replay.
+const ReplayedKey = "idempotency-replayed"
+
+// MaxKeyLen is the longest key accepted, in bytes.
+const MaxKeyLen = 255
+
+// typeField holds the response's full type name in the stored header. Its
+// leading colon makes it an invalid metadata key, so no handler header can
+// collide with it.
+const typeField = ":type"
+
+// Options configure UnaryServerInterceptor; nil means all defaults.
+type Options struct {
+	// Methods reports whether a full method name ("/pkg.Service/Method") is
+	// guarded. nil guards every unary method.
+	Methods func(fullMethod string) bool
+	// KeyFunc returns the key of a request when the metadata carries none,
+	// for APIs with an AIP-155 request_id field. "" means no key. nil: keys
+	// come from metadata only.
+	KeyFunc func(ctx context.Context, req any) string
+	// Scope returns a namespace for the caller (a tenant, an authenticated
+	// principal), so that two callers choosing the same key do not collide.
+	// nil: one namespace for everybody.
+	Scope func(ctx context.Context) string
+	// Required rejects guarded calls without a key (InvalidArgument). When
+	// false (the default) they run unguarded.
+	Required bool
+	// NewResponse returns an empty response message for a method, for
+	// replays of types that are not in protoregistry.GlobalTypes. nil: the
+	// stored type name is looked up in the global registry.
+	NewResponse func(fullMethod string) proto.Message
+	// ReleaseCodes are the handler error codes that release the key at
+	// once. nil: Unavailable, ResourceExhausted, Aborted. An empty non-nil
+	// slice releases on none.
+	ReleaseCodes []codes.Code
+	// StoreErrors stores handler errors whose code is not in ReleaseCodes
+	// and replays them. When false (the default) such an error keeps the
+	// claim until its lease ends and is not stored.
+	StoreErrors bool
+}
+
+var defaultReleaseCodes = []codes.Code{codes.Unavailable, codes.ResourceExhausted, codes.Aborted}
+
+type server struct {
+	guard   *idempotency.Guard
+	opts    Options
+	release [32]bool // indexed by code; gRPC codes are below 17
+}
+
+// UnaryServerInterceptor returns an interceptor that runs guarded unary
+// methods through guard. Requests and responses must be protobuf messages.
+// It fails with ErrInvalidConfig when guard is nil or invalid.
+func UnaryServerInterceptor(guard *idempotency.Guard, opts *Options) (grpc.UnaryServerInterceptor, error) {
+	if guard == nil {
+		return nil, fmt.Errorf("%w: idemgrpc: nil Guard", idempotency.ErrInvalidConfig)
+	}
+	if err := guard.Validate(); err != nil {
+		return nil, err
+	}
+	s := &server{guard: guard}
+	if opts != nil {
+		s.opts = *opts
+	}
+	rc := s.opts.ReleaseCodes
+	if rc == nil {
+		rc = defaultReleaseCodes
+	}
+	for _, c := range rc {
+		if int(c) >= len(s.release) {
+			return nil, fmt.Errorf("%w: idemgrpc: unknown code %d in ReleaseCodes", idempotency.ErrInvalidConfig, c)
+		}
+		s.release[c] = true
+	}
+	return s.intercept, nil
+}
+
+func (s *server) intercept(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+	method := info.FullMethod
+	if s.opts.Methods != nil && !s.opts.Methods(method) {
+		return handler(ctx, req)
+	}
+	key, err := s.key(ctx, req)
+	if err != nil {
+		return nil, status.Error(codes.InvalidArgument, err.Error())
+	}
+	if key == "" {
+		if s.opts.Required {
+			return nil, status.Errorf(codes.InvalidArgument, "idemgrpc: %s requires an %s", method, MetadataKey)
+		}
+		return handler(ctx, req)
+	}
+	msg, ok := req.(proto.Message)
+	if !ok {
+		return nil, status.Errorf(codes.Internal, "idemgrpc: request %T is not a protobuf message", req)
+	}
+	fp, err := fingerprint(method, msg)
+	if err != nil {
+		return nil, status.Errorf(codes.InvalidArgument, "idemgrpc: encode request: %v", err)
+	}
+	storeKey := key
+	if s.opts.Scope != nil {
+		storeKey = s.opts.Scope(ctx) + "\x00" + key
+	}
+
+	var reply any
+	var herr error
+	res, err := s.guard.Run(ctx, storeKey, fp, func(ctx context.Context) (idempotency.Response, error) {
+		cs := &captureStream{ServerTransportStream: grpc.ServerTransportStreamFromContext(ctx)}
+		if cs.ServerTransportStream != nil {
+			ctx = grpc.NewContextWithServerTransportStream(ctx, cs)
+		}
+		reply, herr = handler(ctx, req)
+		return s.encode(reply, herr, cs.header())
+	})
+	switch res.Outcome {
+	case idempotency.Executed:
+		// Sent whether or not the result could be stored: the handler ran.
+		return reply, herr
+	case idempotency.Replayed:
+		return s.replay(ctx, method, res.Response)
+	case idempotency.InFlight:
+		return nil, inFlight(s.now(), res.LeaseUntil)
+	case idempotency.Conflicted:
+		st, _ := status.New(codes.FailedPrecondition, "idemgrpc: idempotency key reused with a different request").
+			WithDetails(&errdetails.PreconditionFailure{Violations: []*errdetails.PreconditionFailure_Violation{{
+				Type: "IDEMPOTENCY_KEY", Subject: key,
+				Description: "the key was first used with another method or payload; use a fresh key",
+			}}})
+		return nil, st.Err()
+	default:
+		if cerr := ctx.Err(); cerr != nil {
+			return nil, status.FromContextError(cerr).Err()
+		}
+		return nil, status.Errorf(codes.Unavailable, "idemgrpc: %v", err)
+	}
+}
+
+func (s *server) now() time.Time {
+	if s.guard.Now != nil {
+		return s.guard.Now()
+	}
+	return time.Now()
+}
+
+func (s *server) key(ctx context.Context, req any) (string, error) {
+	var key string
+	if vals := metadata.ValueFromIncomingContext(ctx, MetadataKey); len(vals) > 0 {
+		if len(vals) > 1 {
+			return "", errors.New("idemgrpc: more than one " + MetadataKey)
+		}
+		key = vals[0]
+		if key == "" {
+			return "", errors.New("idemgrpc: empty " + MetadataKey)
+		}
+	} else if s.opts.KeyFunc != nil {
+		key = s.opts.KeyFunc(ctx, req)
+	}
+	if len(key) > MaxKeyLen {
+		return "", fmt.Errorf("idemgrpc: %s longer than %d bytes", MetadataKey, MaxKeyLen)
+	}
+	for i := 0; i < len(key); i++ {
+		if c := key[i]; c < 0x21 || c > 0x7e {
+			return "", fmt.Errorf("idemgrpc: %s holds a character that is not visible ASCII", MetadataKey)
+		}
+	}
+	return key, nil
+}
+
+// fingerprint hashes the method and the deterministic encoding of the
+// request. The method is length-prefixed so that no two (method, payload)
+// pairs share an input.
+func fingerprint(method string, req proto.Message) (string, error) {
+	b, err := proto.MarshalOptions{Deterministic: true}.Marshal(req)
+	if err != nil {
+		return "", err
+	}
+	h := sha256.New()
+	fmt.Fprintf(h, "%d:%s", len(method), method)
+	h.Write(b)
+	var sum [sha256.Size]byte
+	return hex.EncodeToString(h.Sum(sum[:0])), nil
+}
+
+// encode turns a handler's answer into what the Guard stores, or into the
+// error that tells the Guard not to store it.
+func (s *server) encode(reply any, herr error, header metadata.MD) (idempotency.Response, error) {
+	if herr != nil {
+		st := status.Convert(herr)
+		if int(st.Code()) < len(s.release) && s.release[st.Code()] {
+			return idempotency.Response{}, idempotency.Retryable(herr)
+		}
+		if !s.opts.StoreErrors || st.Code() == codes.OK {
+			return idempotency.Response{}, herr
+		}
+		b, err := proto.Marshal(st.Proto())
+		if err != nil {
+			return idempotency.Response{}, herr
+		}
+		return idempotency.Response{Status: int(st.Code()), Header: header, Body: b}, nil
+	}
+	m, ok := reply.(proto.Message)
+	if !ok {
+		// Nothing is stored; the claim is kept until its lease ends.
+		return idempotency.Response{}, fmt.Errorf("idemgrpc: response %T is not a protobuf message", reply)
+	}
+	b, err := proto.Marshal(m)
+	if err != nil {
+		return idempotency.Response{}, fmt.Errorf("idemgrpc: encode response: %w", err)
+	}
+	if header == nil {
+		header = make(map[string][]string, 1)
+	}
+	header[typeField] = []string{string(m.ProtoReflect().Descriptor().FullName())}
+	return idempotency.Response{Status: int(codes.OK), Header: header, Body: b}, nil
+}
+
+func (s *server) replay(ctx context.Context, method string, r idempotency.Response) (any, error) {
+	md := metadata.MD{}
+	var typeName string
+	for k, v := range r.Header {
+		if k == typeField {
+			if len(v) > 0 {
+				typeName = v[0]
+			}
+			continue
+		}
+		md[k] = v
+	}
+	md.Set(ReplayedKey, "true")
+	if err := grpc.SetHeader(ctx, md); err != nil {
+		return nil, status.Errorf(codes.Internal, "idemgrpc: replay header: %v", err)
+	}
+	if codes.Code(r.Status) != codes.OK {
+		sp := &spb.Status{}
+		if err := proto.Unmarshal(r.Body, sp); err != nil {
+			return nil, status.Errorf(codes.Internal, "idemgrpc: decode stored status: %v", err)
+		}
+		return nil, status.FromProto(sp).Err()
+	}
+	var out proto.Message
+	if s.opts.NewResponse != nil {
+		out = s.opts.NewResponse(method)
+	}
+	if out == nil {
+		mt, err := protoregistry.GlobalTypes.FindMessageByName(protoreflect.FullName(typeName))
+		if err != nil {
+			return nil, status.Errorf(codes.Internal, "idemgrpc: stored response type %q: %v", typeName, err)
+		}
+		out = mt.New().Interface()
+	}
+	if err := proto.Unmarshal(r.Body, out); err != nil {
+		return nil, status.Errorf(codes.Internal, "idemgrpc: decode stored response: %v", err)
+	}
+	return out, nil
+}
+
+// inFlight is the answer while another call holds the key: Aborted, with the
+// time left on the holder's lease as the retry delay (at least 1ms, so a
+// client never spins).
+func inFlight(now, leaseUntil time.Time) error {
+	d := max(leaseUntil.Sub(now), time.Millisecond)
+	st, _ := status.New(codes.Aborted, "idemgrpc: a call with this idempotency key is in flight").
+		WithDetails(&errdetails.RetryInfo{RetryDelay: durationpb.New(d)})
+	return st.Err()
+}
+
+// captureStream records the header metadata a handler sets, and forwards
+// everything to the real stream.
+type captureStream struct {
+	grpc.ServerTransportStream
+	mu sync.Mutex
+	md metadata.MD
+}
+
+func (c *captureStream) add(md metadata.MD) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.md == nil {
+		c.md = metadata.MD{}
+	}
+	for k, v := range md {
+		c.md[k] = append(c.md[k], v...)
+	}
+}
+
+func (c *captureStream) header() metadata.MD {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.md == nil {
+		return nil
+	}
+	out := make(metadata.MD, len(c.md)+1)
+	for k, v := range c.md {
+		out[k] = slices.Clone(v)
+	}
+	return out
+}
+
+func (c *captureStream) SetHeader(md metadata.MD) error {
+	if err := c.ServerTransportStream.SetHeader(md); err != nil {
+		return err
+	}
+	c.add(md)
+	return nil
+}
+
+func (c *captureStream) SendHeader(md metadata.MD) error {
+	if err := c.ServerTransportStream.SendHeader(md); err != nil {
+		return err
+	}
+	c.add(md)
+	return nil
+}
