@@ -359,6 +359,13 @@ type renewer struct {
 	t      *time.Timer
 	pooled bool
 
+	// cancelMu guards the cancel function of a renewal under way, so that
+	// stop can cut it short instead of waiting for it under mu (a wait that
+	// synctest cannot see as blocked, and that costs Do up to RenewEvery).
+	cancelMu sync.Mutex
+	cancel   context.CancelFunc
+	stopping bool
+
 	mu       sync.Mutex
 	g        *Guard
 	cfg      config
@@ -395,10 +402,19 @@ func startRenewer(g *Guard, cfg config, c *claimCtx, key string) *renewer {
 // stop is idempotent: the first call returns the renewer to the pool.
 func (r *renewer) stop() {
 	r.t.Stop()
+	r.cancelMu.Lock()
+	r.stopping = true
+	if r.cancel != nil {
+		r.cancel()
+	}
+	r.cancelMu.Unlock()
 	r.mu.Lock()
 	active := r.c != nil
 	r.g, r.c, r.key = nil, nil, ""
 	r.mu.Unlock()
+	r.cancelMu.Lock()
+	r.stopping = false
+	r.cancelMu.Unlock()
 	if active && r.pooled {
 		renewers.Put(r)
 	}
@@ -412,8 +428,23 @@ func (r *renewer) fire() {
 	}
 	g, c, cfg := r.g, r.c, r.cfg
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(c.Context), cfg.renewEvery)
+	r.cancelMu.Lock()
+	if r.stopping {
+		r.cancelMu.Unlock()
+		cancel()
+		return
+	}
+	r.cancel = cancel
+	r.cancelMu.Unlock()
 	err := g.Store.Extend(ctx, r.key, c.token, g.now(), cfg.lease)
+	r.cancelMu.Lock()
+	r.cancel = nil
+	stopping := r.stopping
+	r.cancelMu.Unlock()
 	cancel()
+	if stopping {
+		return // fn has returned; this renewal no longer matters
+	}
 	if g.OnRenew != nil {
 		g.OnRenew(r.key, err)
 	}

@@ -1,0 +1,207 @@
+package faultstore
+
+import (
+	"fmt"
+	"math"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Spec is a parsed fault specification, a compact way to describe an
+// Injector on a command line (idemcheck -faults=...). Its syntax:
+//
+//	spec   = "" | rule { "," rule }
+//	rule   = ops ":" faults [ ":" prob ]
+//	ops    = "*" | op { "|" op }          op: begin complete extend release get delete
+//	faults = fault { "+" fault }          chained in order (see Chain)
+//	fault  = "error" | "lostack" | "hang" | "latency=" dur [ "-" dur ]
+//	prob   = a number in [0, 1]; 1 when left out
+//
+// For example "begin:lostack:0.1,complete:error:1,*:latency=1ms-20ms:0.5".
+// For each operation the first rule whose ops match and whose random draw
+// hits gives the fault.
+type Spec struct {
+	Rules []Rule
+}
+
+// Rule is one rule of a Spec.
+type Rule struct {
+	Ops    []Op // nil: every operation
+	Faults []FaultSpec
+	P      float64
+}
+
+// FaultSpec is one fault of a Rule. Min and Max are set for "latency".
+type FaultSpec struct {
+	Kind     string // "error", "lostack", "hang" or "latency"
+	Min, Max time.Duration
+}
+
+// Parse parses a fault specification.
+func Parse(s string) (*Spec, error) {
+	spec := &Spec{}
+	if strings.TrimSpace(s) == "" {
+		return spec, nil
+	}
+	for i, text := range strings.Split(s, ",") {
+		r, err := parseRule(strings.TrimSpace(text))
+		if err != nil {
+			return nil, fmt.Errorf("faultstore: rule %d %q: %w", i+1, text, err)
+		}
+		spec.Rules = append(spec.Rules, r)
+	}
+	return spec, nil
+}
+
+func parseRule(s string) (Rule, error) {
+	parts := strings.Split(s, ":")
+	if len(parts) < 2 || len(parts) > 3 {
+		return Rule{}, fmt.Errorf("want ops:faults[:prob]")
+	}
+	r := Rule{P: 1}
+	ops := strings.TrimSpace(parts[0])
+	if ops != "*" {
+		for _, name := range strings.Split(ops, "|") {
+			op := Op(strings.TrimSpace(name))
+			if op.index() < 0 {
+				return Rule{}, fmt.Errorf("unknown operation %q", name)
+			}
+			r.Ops = append(r.Ops, op)
+		}
+	}
+	for _, text := range strings.Split(parts[1], "+") {
+		f, err := parseFault(strings.TrimSpace(text))
+		if err != nil {
+			return Rule{}, err
+		}
+		r.Faults = append(r.Faults, f)
+	}
+	if len(parts) == 3 {
+		p, err := strconv.ParseFloat(strings.TrimSpace(parts[2]), 64)
+		if err != nil || math.IsNaN(p) || p < 0 || p > 1 {
+			return Rule{}, fmt.Errorf("probability %q is not a number in [0, 1]", parts[2])
+		}
+		r.P = p
+	}
+	return r, nil
+}
+
+func parseFault(s string) (FaultSpec, error) {
+	switch s {
+	case "error", "lostack", "hang":
+		return FaultSpec{Kind: s}, nil
+	}
+	arg, ok := strings.CutPrefix(s, "latency=")
+	if !ok {
+		return FaultSpec{}, fmt.Errorf("unknown fault %q", s)
+	}
+	lo, hi, isRange := strings.Cut(arg, "-")
+	low, err := parseDuration(lo)
+	if err != nil {
+		return FaultSpec{}, err
+	}
+	high := low
+	if isRange {
+		if high, err = parseDuration(hi); err != nil {
+			return FaultSpec{}, err
+		}
+	}
+	if high < low {
+		return FaultSpec{}, fmt.Errorf("latency range %q is empty", arg)
+	}
+	return FaultSpec{Kind: "latency", Min: low, Max: high}, nil
+}
+
+func parseDuration(s string) (time.Duration, error) {
+	d, err := time.ParseDuration(strings.TrimSpace(s))
+	if err != nil {
+		return 0, err
+	}
+	if d < 0 {
+		return 0, fmt.Errorf("latency %v is negative", d)
+	}
+	return d, nil
+}
+
+// String returns the spec in canonical form; Parse(s.String()) gives an
+// equal Spec.
+func (s *Spec) String() string {
+	rules := make([]string, len(s.Rules))
+	for i, r := range s.Rules {
+		rules[i] = r.String()
+	}
+	return strings.Join(rules, ",")
+}
+
+// String returns the rule in canonical form.
+func (r Rule) String() string {
+	var b strings.Builder
+	if r.Ops == nil {
+		b.WriteString("*")
+	}
+	for i, op := range r.Ops {
+		if i > 0 {
+			b.WriteByte('|')
+		}
+		b.WriteString(string(op))
+	}
+	b.WriteByte(':')
+	for i, f := range r.Faults {
+		if i > 0 {
+			b.WriteByte('+')
+		}
+		b.WriteString(f.String())
+	}
+	if r.P != 1 {
+		b.WriteByte(':')
+		b.WriteString(strconv.FormatFloat(r.P, 'g', -1, 64))
+	}
+	return b.String()
+}
+
+// String returns the fault in the syntax of Parse.
+func (f FaultSpec) String() string {
+	if f.Kind != "latency" {
+		return f.Kind
+	}
+	if f.Min == f.Max {
+		return "latency=" + f.Min.String()
+	}
+	return "latency=" + f.Min.String() + "-" + f.Max.String()
+}
+
+// Injector builds the spec's injector. seed drives every random choice and
+// latency draw, so the same seed and the same sequence of calls give the
+// same faults.
+func (s *Spec) Injector(seed uint64) Injector {
+	injs := make([]Injector, 0, len(s.Rules))
+	for i, r := range s.Rules {
+		ruleSeed := seed + uint64(i)*0x9e3779b97f4a7c15
+		faults := make([]Fault, len(r.Faults))
+		for j, f := range r.Faults {
+			switch f.Kind {
+			case "error":
+				faults[j] = Error(nil)
+			case "lostack":
+				faults[j] = LostAck(nil)
+			case "hang":
+				faults[j] = Hang()
+			default:
+				faults[j] = Latency(ruleSeed+uint64(j)+1, f.Min, f.Max)
+			}
+		}
+		var inj Injector = Chain(faults...)
+		if len(faults) == 1 {
+			inj = faults[0]
+		}
+		if r.P < 1 {
+			inj = Random(ruleSeed, r.P, inj)
+		}
+		if r.Ops != nil {
+			inj = OnOps(inj, r.Ops...)
+		}
+		injs = append(injs, inj)
+	}
+	return Any(injs...)
+}
