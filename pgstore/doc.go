@@ -1,0 +1,65 @@
+// Package pgstore is an idempotency.Store on PostgreSQL, through a
+// github.com/jackc/pgx/v5 pgxpool.Pool.
+//
+// # Schema
+//
+// The schema is embedded SQL, applied by Store.Migrate: versioned (a
+// <table>_schema_version table), idempotent (running it again does
+// nothing), safe when several instances migrate at once (a transaction
+// advisory lock serializes them) and one transaction per migration. Run it
+// at startup or at deploy time; New itself does not touch the database.
+// One row per key holds the state, the fencing token (drawn from the
+// sequence <table>_token_seq, so tokens strictly increase per key across
+// takeover, release, deletion and expiry), the lease and window ends as
+// Unix nanoseconds, and the response as status, headers (bytea, in a
+// small binary encoding that keeps every byte, which jsonb would not) and
+// body (bytea).
+//
+// # Statements
+//
+// Each operation is one statement in its own implicit transaction. Begin
+// reads the key's row and, only when it is absent, expired or abandoned,
+// claims it with an INSERT ... ON CONFLICT DO UPDATE, all in one statement
+// (a CTE); a replay, an in-flight or a conflicting answer thus takes no row
+// lock and writes nothing. Complete, Extend and Release are an UPDATE or
+// DELETE on key, token and state. So a new request costs two statements
+// (Begin, Complete) and a replay one.
+//
+// CompleteTx runs Complete's statement in the caller's pgx.Tx, so that the
+// business write and the stored result commit or roll back together. If the
+// transaction rolls back the key stays Processing and is taken over after
+// its lease, like a crashed holder.
+//
+// # Clock
+//
+// By default (CallerClock) leases and windows are judged by the now the
+// caller passes, as the idempotency.Store contract describes: the Guard's
+// clock rules, and tests move time by passing a later now. In a fleet this
+// trusts the application hosts' clocks to agree to well within a lease.
+// ServerClock judges by the database server's clock instead
+// (statement_timestamp()), immune to skew between hosts; every now argument
+// is then ignored, and the returned LeaseUntil and ExpiresAt are server
+// times.
+//
+// # Errors
+//
+// Serialization failures and deadlocks (SQLSTATE 40001, 40P01; they arise
+// when the pool's transactions are REPEATABLE READ or SERIALIZABLE), and a
+// Begin whose snapshot was overtaken by a concurrent claim, are retried up
+// to five times in all. Every other failure, from the server or the network,
+// wraps idempotency.ErrUnavailable together with the native error (a
+// *pgconn.PgError, a net error, or ctx's error), so errors.Is and errors.As
+// both work. A write that failed this way may or may not have been
+// applied, except when pgconn.SafeToRetry reports true for the error: then
+// the statement was never sent (a failure to connect is not marked so, but
+// applies nothing either). CompleteTx does not retry, since a failed
+// statement aborts the caller's transaction; it wraps ErrUnavailable too,
+// and the caller retries the whole transaction.
+//
+// # Cleanup
+//
+// Expired rows are ignored by every operation and overwritten by the next
+// Begin of their key. Sweep deletes them in bounded batches (one short
+// statement per batch, skipping rows locked by writers); run it
+// periodically.
+package pgstore

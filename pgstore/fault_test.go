@@ -1,0 +1,198 @@
+package pgstore
+
+import (
+	"context"
+	"errors"
+	"net"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	toxiproxy "github.com/Shopify/toxiproxy/v2"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/rs/zerolog"
+
+	"github.com/archlab/idempotency"
+)
+
+// faultGuard is a Guard on s with a test clock and no renewal, so that the
+// lease ends only when the test says.
+func faultGuard(t *testing.T, s *Store, clk *clock) *idempotency.Guard {
+	t.Helper()
+	g, err := idempotency.NewGuard(s, &idempotency.Options{Lease: lease, Retention: retention, Now: clk.Now, RenewEvery: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return g
+}
+
+// TestConnectionKilledMidComplete terminates the backend that runs
+// Complete's UPDATE while it waits on a row lock: the result is not stored,
+// the key stays in flight for the rest of the lease (fn does not run
+// again), and afterwards it is taken over and completes normally.
+func TestConnectionKilledMidComplete(t *testing.T) {
+	s, pool := newTestStore(t, Options{})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	clk := newClock()
+	g := faultGuard(t, s, clk)
+	const key = "killed-mid-complete"
+
+	blocker, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer blocker.Rollback(context.Background())
+
+	killed := make(chan error, 1)
+	var runs atomic.Int32
+	fn := func(context.Context) (idempotency.Response, error) {
+		runs.Add(1)
+		// Hold the row so that Complete's UPDATE waits, then kill the
+		// backend that waits.
+		if _, err := blocker.Exec(ctx, s.names.Replace("SELECT 1 FROM {{table}} WHERE key = $1 FOR UPDATE"), []byte(key)); err != nil {
+			t.Errorf("locking the row: %v", err)
+		}
+		go func() { killed <- killWaitingComplete(ctx, pool, s) }()
+		return idempotency.Response{Status: 200, Body: []byte("charged")}, nil
+	}
+	_, out, err := g.Do(ctx, key, "fp", fn)
+	if out != idempotency.Executed || !errors.Is(err, idempotency.ErrUnavailable) {
+		t.Fatalf("Do with the connection killed in Complete = %v, %v; want Executed and ErrUnavailable", out, err)
+	}
+	if kerr := <-killed; kerr != nil {
+		t.Fatalf("killing the backend: %v", kerr)
+	}
+	if err := blocker.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+
+	again := func(context.Context) (idempotency.Response, error) {
+		runs.Add(1)
+		return idempotency.Response{Status: 200, Body: []byte("charged again")}, nil
+	}
+	// Inside the lease: in flight, fn does not run.
+	clk.Advance(lease - time.Millisecond)
+	if _, out, err := g.Do(ctx, key, "fp", again); out != idempotency.InFlight || !errors.Is(err, idempotency.ErrInFlight) {
+		t.Fatalf("Do inside the lease = %v, %v; want InFlight", out, err)
+	}
+	if n := runs.Load(); n != 1 {
+		t.Fatalf("fn ran %d times inside the lease, want 1", n)
+	}
+	// After the lease: the key recovers.
+	clk.Advance(time.Millisecond)
+	if resp, out, err := g.Do(ctx, key, "fp", again); out != idempotency.Executed || err != nil || string(resp.Body) != "charged again" {
+		t.Fatalf("Do after the lease = %q, %v, %v; want Executed", resp.Body, out, err)
+	}
+	if resp, out, err := g.Do(ctx, key, "fp", again); out != idempotency.Replayed || err != nil || string(resp.Body) != "charged again" {
+		t.Fatalf("Do after recovery = %q, %v, %v; want a replay", resp.Body, out, err)
+	}
+	if n := runs.Load(); n != 2 {
+		t.Fatalf("fn ran %d times, want 2 (once, then once after the lease)", n)
+	}
+}
+
+// killWaitingComplete terminates the backend that waits on a lock in
+// Complete's UPDATE of s's table, polling for at most 10 seconds.
+func killWaitingComplete(ctx context.Context, pool *pgxpool.Pool, s *Store) error {
+	table := s.names.Replace("{{table}}")
+	deadline := time.Now().Add(10 * time.Second)
+	for time.Now().Before(deadline) {
+		var pid int32
+		err := pool.QueryRow(ctx, `SELECT pid FROM pg_stat_activity
+			WHERE pid <> pg_backend_pid() AND wait_event_type = 'Lock'
+			AND position($1 IN query) > 0 AND position('''DONE''' IN query) > 0`, table).Scan(&pid)
+		if err == nil {
+			var ok bool
+			if err := pool.QueryRow(ctx, "SELECT pg_terminate_backend($1)", pid).Scan(&ok); err != nil || !ok {
+				return errors.Join(errors.New("pg_terminate_backend failed"), err)
+			}
+			return nil
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	return errors.New("no backend waited in Complete within 10s")
+}
+
+// TestCompleteAppliedButAckLost cuts the server's answer to Complete (a
+// toxiproxy timeout toxic between pool and server): the UPDATE commits but
+// the Guard sees ErrUnavailable. A retry replays; fn never runs twice.
+func TestCompleteAppliedButAckLost(t *testing.T) {
+	direct := testPool(t, 4, nil)
+	schema := freshSchema(t, direct)
+
+	cfg := direct.Config()
+	upstream := net.JoinHostPort(cfg.ConnConfig.Host, strconv.Itoa(int(cfg.ConnConfig.Port)))
+	server := toxiproxy.NewServer(toxiproxy.NewMetricsContainer(nil), zerolog.Nop())
+	proxy := toxiproxy.NewProxy(server, "pg", "127.0.0.1:0", upstream)
+	if err := proxy.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(proxy.Stop)
+
+	pcfg := direct.Config()
+	host, port, err := net.SplitHostPort(proxy.Listen)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := strconv.ParseUint(port, 10, 16)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pcfg.ConnConfig.Host, pcfg.ConnConfig.Port = host, uint16(p)
+	pcfg.MaxConns = 1 // Begin and Complete share the one proxied connection
+	proxied, err := pgxpool.NewWithConfig(context.Background(), pcfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(proxied.Close)
+	s := migratedStore(t, direct, schema, Options{Table: "acklost"})
+	ps, err := New(proxied, &Options{Schema: schema, Table: "acklost"})
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	clk := newClock()
+	const key = "ack-lost"
+	var runs atomic.Int32
+	fn := func(context.Context) (idempotency.Response, error) {
+		runs.Add(1)
+		// Begin has answered; from now on the server's answers are dropped
+		// and the connection is closed after 300ms.
+		if _, err := proxy.Toxics.AddToxicJson(strings.NewReader(
+			`{"name":"drop","type":"timeout","stream":"downstream","attributes":{"timeout":300}}`)); err != nil {
+			t.Errorf("adding toxic: %v", err)
+		}
+		return idempotency.Response{Status: 200, Body: []byte("charged")}, nil
+	}
+	// pgx prepares a statement on its first use, in a round trip of its
+	// own; warm the one connection up so that Complete's UPDATE is sent in
+	// full before the answer is lost.
+	pg := faultGuard(t, ps, clk)
+	if _, out, err := pg.Do(ctx, "warm-up", "fp", func(context.Context) (idempotency.Response, error) {
+		return idempotency.Response{Status: 200}, nil
+	}); out != idempotency.Executed || err != nil {
+		t.Fatalf("warm-up Do = %v, %v", out, err)
+	}
+	_, out, err := pg.Do(ctx, key, "fp", fn)
+	if out != idempotency.Executed || !errors.Is(err, idempotency.ErrUnavailable) {
+		t.Fatalf("Do with the answer to Complete lost = %v, %v; want Executed and ErrUnavailable", out, err)
+	}
+	// The write was applied although it failed: a retry (here through a
+	// direct pool) replays it, inside the lease and after it.
+	g := faultGuard(t, s, clk)
+	for _, advance := range []time.Duration{0, 2 * lease} {
+		clk.Advance(advance)
+		resp, out, err := g.Do(ctx, key, "fp", fn)
+		if out != idempotency.Replayed || err != nil || string(resp.Body) != "charged" {
+			t.Fatalf("retry %v later = %q, %v, %v; want the stored result replayed", advance, resp.Body, out, err)
+		}
+	}
+	if n := runs.Load(); n != 1 {
+		t.Fatalf("fn ran %d times, want 1", n)
+	}
+}

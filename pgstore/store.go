@@ -1,0 +1,411 @@
+package pgstore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"regexp"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/archlab/idempotency"
+)
+
+// Clock says whose clock judges leases and windows.
+type Clock int
+
+const (
+	// CallerClock judges by the now passed to each method (the default).
+	CallerClock Clock = iota
+	// ServerClock judges by the database server's statement_timestamp()
+	// and ignores every now argument.
+	ServerClock
+)
+
+// Options configure New; nil means defaults.
+type Options struct {
+	// Schema holds the table ("": "public"). It is created by Migrate if
+	// missing.
+	Schema string
+	// Table is the records table ("": "idempotency_keys"). The sequence
+	// <Table>_token_seq and the table <Table>_schema_version go with it.
+	// Schema and Table must be lower-case SQL identifiers
+	// ([a-z_][a-z0-9_]*), Table at most 40 bytes so the derived names fit.
+	Table string
+	// Clock is CallerClock (zero) or ServerClock; see the package doc.
+	Clock Clock
+	// SweepBatch is the number of rows one Sweep statement deletes at most
+	// (0: 1000).
+	SweepBatch int
+}
+
+// Store is an idempotency.Store on PostgreSQL. It is safe for concurrent
+// use; it holds no connection of its own and starts no goroutine.
+type Store struct {
+	pool  *pgxpool.Pool
+	clock Clock
+	batch int
+
+	schema, table string // validated, unquoted
+	lockKey       int64  // advisory lock of Migrate
+
+	retries atomic.Int64 // statements run again (serialization, deadlock, stale snapshot), for tests
+
+	beginSQL, completeSQL, extendSQL, releaseSQL, getSQL, deleteSQL, sweepSQL string
+	names                                                                     *strings.Replacer
+}
+
+var _ idempotency.Store = (*Store)(nil)
+
+const (
+	defaultSchema = "public"
+	defaultTable  = "idempotency_keys"
+	defaultBatch  = 1000
+	maxTableLen   = 40
+	// maxAttempts bounds the tries of one operation on a retryable failure.
+	maxAttempts = 5
+)
+
+var identRE = regexp.MustCompile(`^[a-z_][a-z0-9_]*$`)
+
+// New returns a Store using pool. It validates opts and prepares the SQL;
+// it does not touch the database (see Migrate).
+func New(pool *pgxpool.Pool, opts *Options) (*Store, error) {
+	if pool == nil {
+		return nil, fmt.Errorf("pgstore: %w: pool is nil", idempotency.ErrInvalidConfig)
+	}
+	if opts == nil {
+		opts = &Options{}
+	}
+	s := &Store{pool: pool, clock: opts.Clock, batch: opts.SweepBatch, schema: opts.Schema, table: opts.Table}
+	if s.schema == "" {
+		s.schema = defaultSchema
+	}
+	if s.table == "" {
+		s.table = defaultTable
+	}
+	if s.batch == 0 {
+		s.batch = defaultBatch
+	}
+	switch {
+	case !identRE.MatchString(s.schema) || len(s.schema) > 63:
+		return nil, fmt.Errorf("pgstore: %w: Schema %q is not a lower-case identifier of at most 63 bytes", idempotency.ErrInvalidConfig, s.schema)
+	case !identRE.MatchString(s.table) || len(s.table) > maxTableLen:
+		return nil, fmt.Errorf("pgstore: %w: Table %q is not a lower-case identifier of at most %d bytes", idempotency.ErrInvalidConfig, s.table, maxTableLen)
+	case s.clock != CallerClock && s.clock != ServerClock:
+		return nil, fmt.Errorf("pgstore: %w: unknown Clock %d", idempotency.ErrInvalidConfig, s.clock)
+	case s.batch < 0:
+		return nil, fmt.Errorf("pgstore: %w: SweepBatch %d is negative", idempotency.ErrInvalidConfig, s.batch)
+	}
+	s.lockKey = advisoryKey(s.schema, s.table)
+	s.names = strings.NewReplacer(
+		"{{schema}}", pgx.Identifier{s.schema}.Sanitize(),
+		"{{table}}", pgx.Identifier{s.schema, s.table}.Sanitize(),
+		"{{seq}}", pgx.Identifier{s.schema, s.table + "_token_seq"}.Sanitize(),
+		"{{versions}}", pgx.Identifier{s.schema, s.table + "_schema_version"}.Sanitize(),
+		"{{expires_index}}", pgx.Identifier{s.table + "_expires_at_idx"}.Sanitize(),
+	)
+	s.prepareSQL()
+	return s, nil
+}
+
+// prepareSQL writes the statements for the table and the clock. {{now}} is
+// the last parameter in caller mode, the server's statement time otherwise,
+// so that server mode simply passes one argument fewer.
+func (s *Store) prepareSQL() {
+	sql := func(q string, nowParam int) string {
+		now := fmt.Sprintf("$%d::bigint", nowParam)
+		if s.clock == ServerClock {
+			now = "(extract(epoch FROM statement_timestamp()) * 1000000)::bigint * 1000"
+		}
+		return strings.ReplaceAll(s.names.Replace(q), "{{now}}", "("+now+")")
+	}
+	// $1 key, $2 fingerprint, $3 lease, $4 retention, $5 now.
+	//
+	// cur reads the row in the statement's snapshot. When it is live and
+	// not claimable (a replay, in flight, a conflict) that is the answer,
+	// and the INSERT does not run: no row lock, no transaction id, no WAL
+	// flush at commit. Otherwise the INSERT ... ON CONFLICT claims the key,
+	// judging the latest committed row under its lock. If a concurrent
+	// writer got there first, the claim is empty and cur is stale (absent or
+	// claimable): Begin sees that and runs the statement again, with a new
+	// snapshot.
+	s.beginSQL = sql(`WITH cur AS (
+	SELECT fingerprint, state, token, lease_until, expires_at, status, headers, body,
+		expires_at <= {{now}} OR (state = 'PROCESSING' AND fingerprint = $2::bytea AND lease_until <= {{now}}) AS claimable
+	FROM {{table}} WHERE key = $1::bytea
+), claim AS (
+	INSERT INTO {{table}} AS r (key, fingerprint, state, token, lease_until, expires_at)
+	SELECT $1::bytea, $2::bytea, 'PROCESSING', nextval('{{seq}}'), {{now}} + $3::bigint, {{now}} + $4::bigint
+	WHERE NOT EXISTS (SELECT FROM cur WHERE NOT claimable)
+	ON CONFLICT (key) DO UPDATE SET
+		fingerprint = excluded.fingerprint,
+		state = 'PROCESSING',
+		token = nextval('{{seq}}'),
+		lease_until = excluded.lease_until,
+		expires_at = CASE WHEN r.expires_at <= {{now}} THEN excluded.expires_at
+			ELSE greatest(r.expires_at, excluded.lease_until) END,
+		status = NULL, headers = NULL, body = NULL
+	WHERE r.expires_at <= {{now}}
+		OR (r.state = 'PROCESSING' AND r.fingerprint = excluded.fingerprint AND r.lease_until <= {{now}})
+	RETURNING r.fingerprint, r.state, r.token, r.lease_until, r.expires_at, r.status, r.headers, r.body,
+		true AS claimed, false AS claimable
+)
+SELECT * FROM claim
+UNION ALL
+SELECT fingerprint, state, token, lease_until, expires_at, status, headers, body, false, claimable
+FROM cur WHERE NOT EXISTS (SELECT FROM claim)`, 5)
+	// $1 key, $2 token, $3 status, $4 headers, $5 body, $6 retention, $7 now.
+	s.completeSQL = sql(`UPDATE {{table}} SET state = 'DONE', status = $3, headers = $4, body = $5,
+	lease_until = NULL, expires_at = {{now}} + $6::bigint
+WHERE key = $1 AND token = $2 AND state = 'PROCESSING'`, 7)
+	// $1 key, $2 token, $3 lease, $4 now.
+	s.extendSQL = sql(`UPDATE {{table}} SET lease_until = {{now}} + $3::bigint,
+	expires_at = greatest(expires_at, {{now}} + $3::bigint)
+WHERE key = $1 AND token = $2 AND state = 'PROCESSING'`, 4)
+	s.releaseSQL = sql(`DELETE FROM {{table}} WHERE key = $1 AND token = $2 AND state = 'PROCESSING'`, 0)
+	s.deleteSQL = sql(`DELETE FROM {{table}} WHERE key = $1`, 0)
+	// $1 key, $2 now.
+	s.getSQL = sql(`SELECT fingerprint, state, token, lease_until, expires_at, status, headers, body
+FROM {{table}} WHERE key = $1 AND expires_at > {{now}}`, 2)
+	// $1 batch, $2 now. The TID scan deletes exactly the rows locked by the
+	// subquery; rows locked by a writer are left for the next sweep.
+	s.sweepSQL = sql(`DELETE FROM {{table}} WHERE ctid = ANY (ARRAY(
+	SELECT ctid FROM {{table}} WHERE expires_at <= {{now}} LIMIT $1 FOR UPDATE SKIP LOCKED))`, 2)
+}
+
+// args appends now to the statement's arguments in caller mode.
+func (s *Store) args(now time.Time, args ...any) []any {
+	if s.clock == CallerClock {
+		args = append(args, now.UnixNano())
+	}
+	return args
+}
+
+// errBeginRace: Begin did not claim the key, because a transaction that
+// committed after the statement's snapshot changed or inserted its row,
+// and the snapshot's row is no answer. A new statement sees the change.
+var errBeginRace = errors.New("pgstore: begin raced with a concurrent insert")
+
+// run calls f until it succeeds, fails for good or maxAttempts is reached,
+// and wraps failures of the database with ErrUnavailable.
+func (s *Store) run(ctx context.Context, op string, f func() error) error {
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("pgstore: %s: %w", op, err)
+	}
+	for attempt := 1; ; attempt++ {
+		err := f()
+		if err == nil || errors.Is(err, idempotency.ErrLeaseLost) || errors.Is(err, idempotency.ErrNotFound) {
+			return err
+		}
+		if attempt >= maxAttempts || !retryable(err) || ctx.Err() != nil {
+			return fmt.Errorf("pgstore: %s: %w: %w", op, idempotency.ErrUnavailable, err)
+		}
+		s.retries.Add(1)
+		t := time.NewTimer(time.Duration(attempt) * time.Millisecond)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return fmt.Errorf("pgstore: %s: %w: %w", op, idempotency.ErrUnavailable, errors.Join(err, ctx.Err()))
+		case <-t.C:
+		}
+	}
+}
+
+func retryable(err error) bool {
+	if errors.Is(err, errBeginRace) {
+		return true
+	}
+	var pe *pgconn.PgError
+	return errors.As(err, &pe) && (pe.Code == "40001" || pe.Code == "40P01")
+}
+
+// Begin implements idempotency.Store.
+func (s *Store) Begin(ctx context.Context, key, fingerprint string, now time.Time, lease, retention time.Duration) (idempotency.Record, bool, error) {
+	var (
+		rec     idempotency.Record
+		claimed bool
+	)
+	err := s.run(ctx, "begin", func() error {
+		var (
+			row       recordRow
+			claimable bool
+		)
+		err := s.pool.QueryRow(ctx, s.beginSQL, s.args(now, []byte(key), []byte(fingerprint), int64(lease), int64(retention))...).
+			Scan(append(row.dest(), &claimed, &claimable)...)
+		if errors.Is(err, pgx.ErrNoRows) || err == nil && !claimed && claimable {
+			return errBeginRace
+		}
+		if err != nil {
+			return err
+		}
+		rec, err = row.record()
+		return err
+	})
+	if err != nil {
+		return idempotency.Record{}, false, err
+	}
+	if !claimed && rec.Fingerprint != fingerprint {
+		return idempotency.Record{State: idempotency.Conflict, Fingerprint: rec.Fingerprint, ExpiresAt: rec.ExpiresAt}, false, nil
+	}
+	return rec, claimed, nil
+}
+
+// Complete implements idempotency.Store.
+func (s *Store) Complete(ctx context.Context, key string, token uint64, resp idempotency.Response, now time.Time, retention time.Duration) error {
+	args := s.completeArgs(key, token, resp, now, retention)
+	return s.run(ctx, "complete", func() error {
+		return s.affected(s.pool.Exec(ctx, s.completeSQL, args...))
+	})
+}
+
+// CompleteTx is Complete inside the caller's transaction: the result is
+// stored if and only if tx commits. It is not retried (a failed statement
+// aborts tx); an error wraps ErrLeaseLost, ErrUnavailable or ctx's error.
+// After ErrLeaseLost tx is still usable, and the caller should roll it back:
+// another holder owns the key.
+func (s *Store) CompleteTx(ctx context.Context, tx pgx.Tx, key string, token uint64, resp idempotency.Response, now time.Time, retention time.Duration) error {
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("pgstore: complete tx: %w", err)
+	}
+	err := s.affected(tx.Exec(ctx, s.completeSQL, s.completeArgs(key, token, resp, now, retention)...))
+	if err != nil && !errors.Is(err, idempotency.ErrLeaseLost) {
+		return fmt.Errorf("pgstore: complete tx: %w: %w", idempotency.ErrUnavailable, err)
+	}
+	return err
+}
+
+func (s *Store) completeArgs(key string, token uint64, resp idempotency.Response, now time.Time, retention time.Duration) []any {
+	return s.args(now, []byte(key), int64(token), int64(resp.Status), encodeHeader(resp.Header), resp.Body, int64(retention))
+}
+
+// affected turns an UPDATE or DELETE that changed no row into ErrLeaseLost.
+func (s *Store) affected(tag pgconn.CommandTag, err error) error {
+	if err != nil {
+		return err
+	}
+	if tag.RowsAffected() == 0 {
+		return fmt.Errorf("pgstore: %w", idempotency.ErrLeaseLost)
+	}
+	return nil
+}
+
+// Extend implements idempotency.Store.
+func (s *Store) Extend(ctx context.Context, key string, token uint64, now time.Time, lease time.Duration) error {
+	return s.run(ctx, "extend", func() error {
+		return s.affected(s.pool.Exec(ctx, s.extendSQL, s.args(now, []byte(key), int64(token), int64(lease))...))
+	})
+}
+
+// Release implements idempotency.Store.
+func (s *Store) Release(ctx context.Context, key string, token uint64) error {
+	return s.run(ctx, "release", func() error {
+		return s.affected(s.pool.Exec(ctx, s.releaseSQL, []byte(key), int64(token)))
+	})
+}
+
+// Get implements idempotency.Store.
+func (s *Store) Get(ctx context.Context, key string, now time.Time) (idempotency.Record, error) {
+	var rec idempotency.Record
+	err := s.run(ctx, "get", func() error {
+		var row recordRow
+		err := s.pool.QueryRow(ctx, s.getSQL, s.args(now, []byte(key))...).Scan(row.dest()...)
+		if errors.Is(err, pgx.ErrNoRows) {
+			return fmt.Errorf("pgstore: get %q: %w", key, idempotency.ErrNotFound)
+		}
+		if err != nil {
+			return err
+		}
+		rec, err = row.record()
+		return err
+	})
+	return rec, err
+}
+
+// Delete implements idempotency.Store.
+func (s *Store) Delete(ctx context.Context, key string) error {
+	return s.run(ctx, "delete", func() error {
+		_, err := s.pool.Exec(ctx, s.deleteSQL, []byte(key))
+		return err
+	})
+}
+
+// Sweep deletes records that expired at now (ignored under ServerClock),
+// at most limit of them (limit <= 0: all), in batches of SweepBatch rows,
+// one statement each, so that no statement holds many row locks. It returns
+// the number of rows deleted, also when it fails part way.
+func (s *Store) Sweep(ctx context.Context, now time.Time, limit int) (int, error) {
+	total := 0
+	for limit <= 0 || total < limit {
+		n := s.batch
+		if limit > 0 {
+			n = min(n, limit-total)
+		}
+		var deleted int64
+		err := s.run(ctx, "sweep", func() error {
+			tag, err := s.pool.Exec(ctx, s.sweepSQL, s.args(now, n)...)
+			deleted = tag.RowsAffected()
+			return err
+		})
+		total += int(deleted)
+		if err != nil {
+			return total, err
+		}
+		if deleted < int64(n) {
+			break
+		}
+	}
+	return total, nil
+}
+
+// recordRow is a records row as scanned.
+type recordRow struct {
+	fingerprint   []byte
+	state         string
+	token         int64
+	leaseUntil    *int64
+	expiresAt     int64
+	status        *int64
+	headers, body []byte
+}
+
+func (r *recordRow) dest() []any {
+	return []any{&r.fingerprint, &r.state, &r.token, &r.leaseUntil, &r.expiresAt, &r.status, &r.headers, &r.body}
+}
+
+func (r *recordRow) record() (idempotency.Record, error) {
+	rec := idempotency.Record{
+		Fingerprint: string(r.fingerprint),
+		State:       idempotency.State(r.state),
+		Token:       uint64(r.token),
+		ExpiresAt:   unixTime(r.expiresAt),
+	}
+	if r.leaseUntil != nil {
+		rec.LeaseUntil = unixTime(*r.leaseUntil)
+	}
+	if rec.State != idempotency.Done {
+		return rec, nil
+	}
+	if r.status != nil {
+		rec.Response.Status = int(*r.status)
+	}
+	h, err := decodeHeader(r.headers)
+	if err != nil {
+		return idempotency.Record{}, err
+	}
+	rec.Response.Header = h
+	rec.Response.Body = r.body
+	return rec, nil
+}
+
+func unixTime(ns int64) time.Time {
+	if ns == 0 {
+		return time.Time{}
+	}
+	return time.Unix(0, ns)
+}
