@@ -1,0 +1,235 @@
+package idemhttp
+
+import (
+	"bufio"
+	"errors"
+	"io"
+	"net"
+	"net/http"
+	"net/textproto"
+	"slices"
+	"strings"
+	"time"
+)
+
+// trailerKey prefixes the trailers of a stored response in its Header. The
+// colon makes it an invalid field name, so it cannot clash with a header;
+// it is net/http's own http.TrailerPrefix, which the replay uses as is.
+const trailerKey = http.TrailerPrefix
+
+// captureWriter sends the handler's response to the client as it is written
+// and keeps a copy for the store: the final status, the storable header
+// fields as they were when the status was sent, the body up to a bound, and
+// the trailers. It is pooled with the request state.
+type captureWriter struct {
+	w http.ResponseWriter
+	m *Middleware
+
+	status   int
+	header   map[string][]string // storable fields, shared with the handler's map
+	body     []byte
+	tooLarge bool // the body outgrew MaxStoredResponse; body is dropped
+	hijacked bool
+	now      time.Time // when the request started, for the window header
+}
+
+var (
+	_ http.ResponseWriter = (*captureWriter)(nil)
+	_ http.Flusher        = (*captureWriter)(nil)
+	_ http.Hijacker       = (*captureWriter)(nil)
+	_ io.ReaderFrom       = (*captureWriter)(nil)
+	_ io.StringWriter     = (*captureWriter)(nil)
+)
+
+func (cw *captureWriter) reset(w http.ResponseWriter, m *Middleware, now time.Time) {
+	cw.w, cw.m, cw.now = w, m, now
+	cw.status = 0
+	cw.tooLarge, cw.hijacked = false, false
+	cw.body = cw.body[:0]
+	clear(cw.header)
+}
+
+// release drops what the writer holds of the request before it is pooled.
+func (cw *captureWriter) release() {
+	cw.w, cw.m = nil, nil
+	clear(cw.header)
+	if cap(cw.body) > maxPooledBuffer {
+		cw.body = nil
+	}
+	cw.body = cw.body[:0]
+}
+
+// Header implements http.ResponseWriter.
+func (cw *captureWriter) Header() http.Header { return cw.w.Header() }
+
+// WriteHeader implements http.ResponseWriter. The first final status is
+// captured with the header as it is then; informational statuses (1xx but
+// 101) go to the client only, and later calls are passed on for net/http to
+// report, as they would be without the middleware.
+func (cw *captureWriter) WriteHeader(code int) {
+	if cw.status != 0 || cw.hijacked || (code >= 100 && code < 200 && code != http.StatusSwitchingProtocols) {
+		cw.w.WriteHeader(code)
+		return
+	}
+	cw.status = code
+	h := cw.w.Header()
+	m := cw.m
+	for k, v := range h {
+		if m.storable(k) {
+			cw.header[k] = v
+		}
+	}
+	if m.windowHeader != "" && m.storeStatus(code) {
+		h[m.windowHeader] = []string{m.window.format(cw.now.Add(m.retention))}
+	}
+	cw.w.WriteHeader(code)
+}
+
+// Write implements http.ResponseWriter.
+func (cw *captureWriter) Write(p []byte) (int, error) {
+	if cw.status == 0 && !cw.hijacked {
+		cw.WriteHeader(http.StatusOK)
+	}
+	n, err := cw.w.Write(p)
+	kept := p
+	if errors.Is(err, http.ErrContentLength) || errors.Is(err, http.ErrBodyNotAllowed) {
+		kept = p[:n] // net/http refused the rest: the client never gets it
+	}
+	cw.capture(kept)
+	return n, err
+}
+
+// WriteString implements io.StringWriter, so that io.WriteString and
+// fmt.Fprint reach a writer that takes strings without a conversion.
+func (cw *captureWriter) WriteString(s string) (int, error) {
+	if cw.status == 0 && !cw.hijacked {
+		cw.WriteHeader(http.StatusOK)
+	}
+	n, err := io.WriteString(cw.w, s)
+	kept := s
+	if errors.Is(err, http.ErrContentLength) || errors.Is(err, http.ErrBodyNotAllowed) {
+		kept = s[:n]
+	}
+	if !cw.tooLarge && kept != "" {
+		if len(cw.body)+len(kept) > cw.m.maxStored {
+			cw.tooLarge = true
+			cw.body = cw.body[:0]
+		} else {
+			cw.body = append(cw.body, kept...)
+		}
+	}
+	return n, err
+}
+
+func (cw *captureWriter) capture(p []byte) {
+	if cw.tooLarge || len(p) == 0 {
+		return
+	}
+	if len(cw.body)+len(p) > cw.m.maxStored {
+		cw.tooLarge = true
+		cw.body = cw.body[:0]
+		return
+	}
+	cw.body = append(cw.body, p...)
+}
+
+// ReadFrom implements io.ReaderFrom, so that io.Copy from a file or any
+// reader is captured too. It reads straight into the capture buffer and
+// writes that to the client; once the response is known to be too large to
+// store, it hands the rest to the underlying writer's ReadFrom (sendfile).
+func (cw *captureWriter) ReadFrom(src io.Reader) (int64, error) {
+	if cw.status == 0 && !cw.hijacked {
+		cw.WriteHeader(http.StatusOK)
+	}
+	var total int64
+	for !cw.tooLarge {
+		if cap(cw.body)-len(cw.body) < 512 {
+			cw.body = slices.Grow(cw.body, min(max(cap(cw.body), 4096), cw.m.maxStored+1-len(cw.body)+512))
+		}
+		buf := cw.body[len(cw.body):cap(cw.body)]
+		n, rerr := src.Read(buf)
+		if n > 0 {
+			wn, werr := cw.w.Write(buf[:n])
+			total += int64(wn)
+			kept := n
+			if errors.Is(werr, http.ErrContentLength) || errors.Is(werr, http.ErrBodyNotAllowed) {
+				kept = wn
+			}
+			cw.body = cw.body[:len(cw.body)+kept]
+			if len(cw.body) > cw.m.maxStored {
+				cw.tooLarge = true
+				cw.body = cw.body[:0]
+			}
+			if werr != nil {
+				return total, werr
+			}
+		}
+		if rerr == io.EOF {
+			return total, nil
+		}
+		if rerr != nil {
+			return total, rerr
+		}
+	}
+	if rf, ok := cw.w.(io.ReaderFrom); ok {
+		n, err := rf.ReadFrom(src)
+		return total + n, err
+	}
+	n, err := io.Copy(writerOnly{cw.w}, src)
+	return total + n, err
+}
+
+// writerOnly hides a writer's ReadFrom from io.Copy.
+type writerOnly struct{ io.Writer }
+
+// Flush implements http.Flusher: it sends the status (200 if none was
+// written) and what was written so far.
+func (cw *captureWriter) Flush() { _ = cw.FlushError() }
+
+// FlushError is Flush with its error, for http.ResponseController.
+func (cw *captureWriter) FlushError() error {
+	if cw.status == 0 && !cw.hijacked {
+		cw.WriteHeader(http.StatusOK)
+	}
+	return http.NewResponseController(cw.w).Flush()
+}
+
+// Hijack implements http.Hijacker by passing the call on. A hijacked
+// response cannot be captured: the middleware releases the key when the
+// handler returns, so a retry runs the handler again.
+func (cw *captureWriter) Hijack() (net.Conn, *bufio.ReadWriter, error) {
+	c, rw, err := http.NewResponseController(cw.w).Hijack()
+	if err == nil {
+		cw.hijacked = true
+	}
+	return c, rw, err
+}
+
+// Unwrap returns the underlying writer, for http.ResponseController
+// (deadlines, full duplex).
+func (cw *captureWriter) Unwrap() http.ResponseWriter { return cw.w }
+
+// finish completes the capture after the handler returned: the implicit 200
+// of a handler that wrote nothing, and the trailers.
+func (cw *captureWriter) finish() {
+	if cw.hijacked {
+		return
+	}
+	if cw.status == 0 {
+		cw.WriteHeader(http.StatusOK)
+	}
+	h := cw.w.Header()
+	for _, decl := range h["Trailer"] {
+		for name := range strings.SplitSeq(decl, ",") {
+			name = textproto.CanonicalMIMEHeaderKey(strings.TrimSpace(name))
+			if v, ok := h[name]; ok && name != "" {
+				cw.header[trailerKey+name] = v
+			}
+		}
+	}
+	for k, v := range h {
+		if strings.HasPrefix(k, trailerKey) {
+			cw.header[trailerKey+textproto.CanonicalMIMEHeaderKey(k[len(trailerKey):])] = v
+		}
+	}
+}

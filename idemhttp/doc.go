@@ -1,0 +1,86 @@
+// Package idemhttp is net/http middleware implementing the IETF
+// Idempotency-Key header draft (draft-ietf-httpapi-idempotency-key-header)
+// on top of an idempotency.Guard.
+//
+//	guard, _ := idempotency.NewGuard(store, nil)
+//	mw, err := idemhttp.New(guard, &idemhttp.Options{Required: true})
+//	if err != nil { ... }
+//	http.Handle("POST /payments", mw.Handler(payments))
+//
+// # What is guarded
+//
+// POST and PATCH requests (Options.Methods) that carry an Idempotency-Key.
+// Without a key a request passes through, unless Options.Required, which
+// answers 400. The key is an RFC 8941 sf-string ("abc") or a bare token
+// (abc); both name one key (see ParseKey).
+//
+// The key is stored as scope + "\x00" + key, where the scope is
+// Options.Scope(r) (by default a hash of the Authorization header, see
+// DefaultScope): one caller's response is never replayed to another.
+//
+// The fingerprint is the hex SHA-256 of the method, the path as sent, the
+// query with its pairs decoded and sorted by name (values of one name keep
+// their order), the Options.FingerprintHeaders (Content-Type) and the body.
+// The body is read (up to Options.MaxBody, else 413) before the handler
+// runs and handed to it again. The same key for another request, another
+// path included, is a conflict (422, or 409), never a replay.
+//
+// # Outcomes
+//
+//   - Executed: the handler's response goes to the client as it is written
+//     and is captured for the store. Statuses are stored per
+//     Options.StoreStatus: 2xx, 3xx and 4xx but 408, 425 and 429. Others
+//     (5xx) release the key so a retry runs at once.
+//   - Replayed: the stored status, header fields and body, with
+//     Idempotent-Replayed: true. net/http sets Date, Content-Length and the
+//     sniffed Content-Type again; Set-Cookie is not stored (DefaultStoreHeader).
+//   - In flight: 409 with Retry-After, the seconds left on the holder's
+//     lease (at least 1). With Options.Wait the request first waits that
+//     long for the holder to finish, then replays.
+//   - Store unavailable: 503 with Retry-After; the handler does not run.
+//   - Lease lost while the handler ran: the response is sent as written but
+//     not stored, and the Observer sees LeaseLost.
+//
+// Problems are RFC 9457 application/problem+json, with the stable type URIs
+// and titles of the Problem variables (ProblemBase + name).
+//
+// The window is advertised in Idempotency-Expires (Options.WindowHeader),
+// an IMF-fixdate: on a replay the record's expiry, on an executed response
+// whose status is stored the request's start plus the Guard's Retention (the
+// stored record lives a little longer, from when it was stored). It is not
+// a standard header.
+//
+// # Capture
+//
+// Every way a handler writes is captured: Write (before or after
+// WriteHeader), io.Copy through ReadFrom, Flush, repeated WriteHeader (the
+// first final status counts), 1xx informational responses (sent, not
+// stored) and trailers (declared with the Trailer header or set with
+// http.TrailerPrefix); they are replayed as trailers. http.ResponseController
+// reaches the underlying writer through Unwrap. Hijack is passed through; a
+// hijacked connection cannot be replayed, so its key is released when the
+// handler returns and a retry runs again.
+//
+// A response body larger than Options.MaxStoredResponse is delivered in
+// full, and a marker is stored instead: a retry gets 409
+// response-not-replayable, stating the original status, rather than running
+// the operation a second time.
+//
+// # Clients that go away
+//
+// The handler's request context is cancelled when the client disconnects
+// (and also when the Guard loses the lease). A duplicate that arrives
+// meanwhile gets 409, never a second execution. When the handler still
+// answers with a stored status, the response is stored and replayed to the
+// retry. When it answers with a status that is not stored (a 5xx after
+// cancellation, typically), the key is not released, because the side
+// effect may have happened in part: the claim is kept until its lease ends,
+// after which a retry runs again (Observer: Abandoned). Options.Detach gives
+// the handler a context that ignores the client's cancellation, so that
+// the operation finishes and its response is stored.
+//
+// # Observing
+//
+// Options.Observer sees every guarded request's Outcome, status, latency
+// and error, after the response was sent.
+package idemhttp

@@ -1,0 +1,108 @@
+package idemhttp
+
+import (
+	"crypto/sha256"
+	"encoding/binary"
+	"encoding/hex"
+	"hash"
+	"net/http"
+	"net/url"
+	"slices"
+	"strings"
+)
+
+// fingerprintVersion starts every fingerprint's input, so that a change of
+// the canonical form below can never make an old record match a new request.
+const fingerprintVersion = "idemhttp/fp/v1"
+
+// queryPair is one decoded name=value pair of a query string.
+type queryPair struct{ name, value string }
+
+// appendField appends s with its length in front: the fields of the
+// canonical form cannot run into each other, whatever bytes they hold.
+func appendField(b []byte, s string) []byte {
+	b = binary.AppendUvarint(b, uint64(len(s)))
+	return append(b, s...)
+}
+
+// canonicalQuery appends the pairs of raw to pairs, decoded and sorted by
+// name. The relative order of the values of one name is kept, since it may
+// carry meaning (a=1&a=2 is not a=2&a=1). Empty pairs (a&&b) are dropped,
+// and "a" is "a=". A pair that does not decode is kept as sent.
+func canonicalQuery(pairs []queryPair, raw string) []queryPair {
+	for raw != "" {
+		var part string
+		part, raw, _ = strings.Cut(raw, "&")
+		if part == "" {
+			continue
+		}
+		name, value, _ := strings.Cut(part, "=")
+		pairs = append(pairs, queryPair{unescapeQuery(name), unescapeQuery(value)})
+	}
+	slices.SortStableFunc(pairs, func(a, b queryPair) int { return strings.Compare(a.name, b.name) })
+	return pairs
+}
+
+func unescapeQuery(s string) string {
+	if strings.IndexByte(s, '%') < 0 && strings.IndexByte(s, '+') < 0 {
+		return s
+	}
+	if u, err := url.QueryUnescape(s); err == nil {
+		return u
+	}
+	return s
+}
+
+// fingerprinter computes request fingerprints with reusable buffers. It is
+// not safe for concurrent use; the middleware keeps one per request state.
+type fingerprinter struct {
+	h     hash.Hash
+	head  []byte
+	pairs []queryPair
+	sum   [sha256.Size]byte
+}
+
+// appendHead appends the canonical form of everything but the body: method,
+// path (as sent, so /a%2Fb is not /a/b), canonical query and the selected
+// header fields (names canonicalized, values in order).
+func (f *fingerprinter) appendHead(b []byte, method, path, rawQuery string, header http.Header, names []string) []byte {
+	b = append(b, fingerprintVersion...)
+	b = appendField(b, method)
+	b = appendField(b, path)
+	f.pairs = canonicalQuery(f.pairs[:0], rawQuery)
+	b = binary.AppendUvarint(b, uint64(len(f.pairs)))
+	for _, p := range f.pairs {
+		b = appendField(b, p.name)
+		b = appendField(b, p.value)
+	}
+	clear(f.pairs) // do not keep the request's strings alive in the pool
+	b = binary.AppendUvarint(b, uint64(len(names)))
+	for _, name := range names {
+		vs := header[name]
+		b = binary.AppendUvarint(b, uint64(len(vs)))
+		for _, v := range vs {
+			b = appendField(b, v)
+		}
+	}
+	return b
+}
+
+// appendFingerprint appends the hex SHA-256 of the canonical form of the
+// request and its body to b. names must be canonical header names.
+func (f *fingerprinter) appendFingerprint(b []byte, r *http.Request, names []string, body []byte) []byte {
+	path := r.URL.RawPath
+	if path == "" {
+		path = r.URL.Path
+	}
+	f.head = f.appendHead(f.head[:0], r.Method, path, r.URL.RawQuery, r.Header, names)
+	f.head = binary.AppendUvarint(f.head, uint64(len(body)))
+	f.h.Reset()
+	f.h.Write(f.head)
+	f.h.Write(body)
+	return hex.AppendEncode(b, f.h.Sum(f.sum[:0]))
+}
+
+// fingerprint is appendFingerprint as a string.
+func (f *fingerprinter) fingerprint(r *http.Request, names []string, body []byte) string {
+	return string(f.appendFingerprint(nil, r, names, body))
+}

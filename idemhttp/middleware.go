@@ -1,0 +1,646 @@
+package idemhttp
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/textproto"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/archlab/idempotency"
+)
+
+// Defaults for the zero values of Options.
+const (
+	DefaultMaxBody           = 1 << 20
+	DefaultMaxStoredResponse = 1 << 20
+	// DefaultWindowHeader names the response header that says until when
+	// the key is remembered (an IMF-fixdate). It is not standardized.
+	DefaultWindowHeader = "Idempotency-Expires"
+	// ReplayedHeader marks a replayed response (value "true").
+	ReplayedHeader = "Idempotent-Replayed"
+)
+
+// ErrResponseTooLarge is the Event.Err of an Executed request whose
+// response outgrew Options.MaxStoredResponse: it was delivered, and a marker
+// was stored in its place, so a retry gets ProblemNotReplayable.
+var ErrResponseTooLarge = errors.New("idemhttp: response too large to store")
+
+var (
+	errHijacked      = errors.New("idemhttp: connection hijacked, nothing to store")
+	errStatusRelease = errors.New("idemhttp: status not stored, key released")
+	errClientGone    = errors.New("idemhttp: client went away and the status is not stored; claim kept until the lease ends")
+	errPanic         = errors.New("idemhttp: handler panicked, key released")
+	errBodyTooLarge  = errors.New("idemhttp: request body too large")
+)
+
+// markerKey, in a stored Header, marks a response that was too large to
+// store. Like trailerKey its colon makes it an invalid field name.
+const markerKey = "Idemhttp:Marker"
+
+var tooLargeMarker = map[string][]string{markerKey: {"response-too-large"}}
+
+// Options configure New; nil means all defaults. Every zero value is usable.
+type Options struct {
+	// Methods are the guarded methods (nil: POST and PATCH). Others pass
+	// through untouched.
+	Methods []string
+	// Required makes a guarded request without Idempotency-Key a 400
+	// (missing-key) instead of passing it through unguarded.
+	Required bool
+	// Scope returns the namespace of a request's key, typically the
+	// authenticated principal or tenant. The stored key is
+	// Scope(r) + "\x00" + key, so one caller's response is never replayed to
+	// another (a key holds no NUL, so the last NUL splits them). nil:
+	// DefaultScope (the Authorization header, hashed).
+	Scope func(r *http.Request) string
+	// FingerprintHeaders are the request header fields that, with the
+	// method, path, canonical query and body, make the fingerprint. nil:
+	// Content-Type; an empty non-nil slice: none.
+	FingerprintHeaders []string
+	// MaxBody bounds the request body read to fingerprint it (0:
+	// DefaultMaxBody). A larger body gets 413 and the handler does not run.
+	MaxBody int64
+	// MaxStoredResponse bounds the stored body (0: DefaultMaxStoredResponse).
+	// A larger response is delivered and the key completed with a marker:
+	// retries get 409 response-not-replayable, they do not run again.
+	MaxStoredResponse int
+	// StoreStatus says whether a response with this status is stored and
+	// replayed. When it is not, the key is released so a retry runs at once
+	// (but see the package doc about clients that go away). nil:
+	// DefaultStoreStatus.
+	StoreStatus func(status int) bool
+	// StoreHeader says whether a response header field is stored and
+	// replayed. nil: DefaultStoreHeader. The window header and
+	// Idempotent-Replayed are never stored.
+	StoreHeader func(name string) bool
+	// ConflictStatus is the status for a key reused with another request:
+	// 422 (the default, per the draft) or 409 (draft issue #42).
+	ConflictStatus int
+	// Wait, when positive, makes a request that finds its key in flight
+	// wait up to that long for the first one to finish and replay its
+	// response (or run, if the first released the key) instead of getting
+	// 409 at once.
+	Wait time.Duration
+	// Detach runs the handler with a context that is not cancelled when the
+	// client goes away (it is still cancelled if the lease is lost), so an
+	// operation started is finished and its response stored.
+	Detach bool
+	// UnavailableRetryAfter is the Retry-After of a 503 when the store is
+	// unavailable (0: 1s). It is rounded up to whole seconds.
+	UnavailableRetryAfter time.Duration
+	// WindowHeader names the response header advertising when the key
+	// leaves the window ("": DefaultWindowHeader, "-": none).
+	WindowHeader string
+	// Observer, if set, sees the outcome of every guarded request.
+	Observer Observer
+}
+
+// Middleware guards handlers with an idempotency.Guard. Build it with New;
+// it is safe for concurrent use.
+type Middleware struct {
+	guard          *idempotency.Guard
+	methods        []string
+	required       bool
+	scope          func(*http.Request) string
+	fpHeaders      []string
+	maxBody        int64
+	maxStored      int
+	storePolicy    func(int) bool
+	storeHeader    func(string) bool
+	conflictStatus int
+	wait           time.Duration
+	detach         bool
+	retryAfter503  string
+	windowHeader   string
+	observer       Observer
+	retention      time.Duration
+	window         dateCache
+}
+
+// New returns a Middleware running guarded requests through guard. Options
+// are validated here; an error wraps idempotency.ErrInvalidConfig.
+func New(guard *idempotency.Guard, opts *Options) (*Middleware, error) {
+	if guard == nil {
+		return nil, fmt.Errorf("%w: idemhttp: guard is nil", idempotency.ErrInvalidConfig)
+	}
+	if err := guard.Validate(); err != nil {
+		return nil, fmt.Errorf("idemhttp: guard: %w", err)
+	}
+	if opts == nil {
+		opts = &Options{}
+	}
+	m := &Middleware{
+		guard: guard, required: opts.Required, scope: opts.Scope,
+		maxBody: opts.MaxBody, maxStored: opts.MaxStoredResponse,
+		storePolicy: opts.StoreStatus, storeHeader: opts.StoreHeader,
+		conflictStatus: opts.ConflictStatus, wait: opts.Wait, detach: opts.Detach,
+		windowHeader: opts.WindowHeader, observer: opts.Observer,
+		retention: guard.Retention,
+	}
+	invalid := func(format string, args ...any) (*Middleware, error) {
+		return nil, fmt.Errorf("%w: idemhttp: "+format, append([]any{idempotency.ErrInvalidConfig}, args...)...)
+	}
+	if m.retention == 0 {
+		m.retention = idempotency.DefaultRetention
+	}
+	m.methods = []string{http.MethodPost, http.MethodPatch}
+	if opts.Methods != nil {
+		m.methods = nil
+		for _, meth := range opts.Methods {
+			if !validToken(meth) {
+				return invalid("method %q is not a token", meth)
+			}
+			m.methods = append(m.methods, meth)
+		}
+	}
+	m.fpHeaders = []string{"Content-Type"}
+	if opts.FingerprintHeaders != nil {
+		m.fpHeaders = []string{}
+		for _, name := range opts.FingerprintHeaders {
+			if !validToken(name) {
+				return invalid("fingerprint header %q is not a field name", name)
+			}
+			m.fpHeaders = append(m.fpHeaders, textproto.CanonicalMIMEHeaderKey(name))
+		}
+	}
+	switch {
+	case m.maxBody < 0:
+		return invalid("MaxBody %d is negative", m.maxBody)
+	case m.maxBody == 0:
+		m.maxBody = DefaultMaxBody
+	}
+	switch {
+	case m.maxStored < 0:
+		return invalid("MaxStoredResponse %d is negative", m.maxStored)
+	case m.maxStored == 0:
+		m.maxStored = DefaultMaxStoredResponse
+	}
+	switch m.conflictStatus {
+	case 0:
+		m.conflictStatus = http.StatusUnprocessableEntity
+	case http.StatusUnprocessableEntity, http.StatusConflict:
+	default:
+		return invalid("ConflictStatus %d is neither 409 nor 422", m.conflictStatus)
+	}
+	if m.wait < 0 {
+		return invalid("Wait %v is negative", m.wait)
+	}
+	switch ra := opts.UnavailableRetryAfter; {
+	case ra < 0:
+		return invalid("UnavailableRetryAfter %v is negative", ra)
+	case ra == 0:
+		m.retryAfter503 = "1"
+	default:
+		m.retryAfter503 = strconv.FormatInt(int64((ra+time.Second-1)/time.Second), 10)
+	}
+	switch m.windowHeader {
+	case "":
+		m.windowHeader = DefaultWindowHeader
+	case "-":
+		m.windowHeader = ""
+	default:
+		if !validToken(m.windowHeader) {
+			return invalid("WindowHeader %q is not a field name", m.windowHeader)
+		}
+		m.windowHeader = textproto.CanonicalMIMEHeaderKey(m.windowHeader)
+	}
+	return m, nil
+}
+
+// Handler returns next guarded by m. Its signature fits chi's and most
+// routers' middleware: r.Use(m.Handler).
+func (m *Middleware) Handler(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { m.serve(next, w, r) })
+}
+
+// DefaultStoreStatus stores and replays 2xx, 3xx and 4xx responses except
+// 408, 425 and 429, which, like 5xx, say "try again": their key is released.
+func DefaultStoreStatus(status int) bool {
+	switch status {
+	case http.StatusRequestTimeout, http.StatusTooEarly, http.StatusTooManyRequests:
+		return false
+	}
+	return status >= 200 && status < 500
+}
+
+// DefaultStoreHeader stores every response header field but the hop-by-hop
+// ones (Connection, Keep-Alive, Proxy-*, TE, Trailer, Transfer-Encoding,
+// Upgrade), Date and Content-Length (net/http sets them again on replay),
+// and Set-Cookie: a session cookie must not be handed out again days later,
+// after the client rotated or ended its session, nor sit in the store.
+func DefaultStoreHeader(name string) bool {
+	switch name {
+	case "Connection", "Keep-Alive", "Proxy-Connection", "Proxy-Authenticate", "Proxy-Authorization",
+		"Te", "Trailer", "Transfer-Encoding", "Upgrade", "Date", "Content-Length", "Set-Cookie":
+		return false
+	}
+	return true
+}
+
+// DefaultScope namespaces keys by the request's Authorization header, as a
+// truncated SHA-256 so that no credential reaches the store. Requests
+// without it share the anonymous scope "". Set Options.Scope when callers
+// are told apart otherwise (session cookies, mTLS, an auth middleware's
+// context value).
+func DefaultScope(r *http.Request) string {
+	var scratch []byte
+	return string(appendDefaultScope(nil, &scratch, r))
+}
+
+// appendDefaultScope appends DefaultScope(r) to b, using *scratch (and
+// keeping it, grown) to hash the header without allocating.
+func appendDefaultScope(b []byte, scratch *[]byte, r *http.Request) []byte {
+	auth := r.Header["Authorization"]
+	if len(auth) == 0 {
+		return b
+	}
+	s := (*scratch)[:0]
+	for _, a := range auth {
+		s = append(s, a...)
+		s = append(s, '\n')
+	}
+	*scratch = s
+	sum := sha256.Sum256(s)
+	b = append(b, "auth:"...)
+	return hex.AppendEncode(b, sum[:16])
+}
+
+func (m *Middleware) storable(name string) bool {
+	// Trailer is rebuilt on replay from the stored trailers.
+	if strings.HasPrefix(name, trailerKey) || name == ReplayedHeader || name == m.windowHeader || name == "Trailer" {
+		return false
+	}
+	if m.storeHeader != nil {
+		return m.storeHeader(name)
+	}
+	return DefaultStoreHeader(name)
+}
+
+func (m *Middleware) storeStatus(status int) bool {
+	if m.storePolicy != nil {
+		return m.storePolicy(status)
+	}
+	return DefaultStoreStatus(status)
+}
+
+func (m *Middleware) now() time.Time {
+	if m.guard.Now != nil {
+		return m.guard.Now()
+	}
+	return time.Now()
+}
+
+func (m *Middleware) guards(method string) bool {
+	for _, g := range m.methods {
+		if method == g {
+			return true
+		}
+	}
+	return false
+}
+
+// state is the per-request scratch space, pooled: buffers for the body, the
+// stored key, the fingerprint and the captured response.
+type state struct {
+	fp      fingerprinter
+	cw      captureWriter
+	body    bodyReader
+	bodyBuf []byte
+	key     []byte
+}
+
+// maxPooledBuffer bounds the buffers kept in the pool; a larger one (after
+// a large body or response) is left to the collector.
+const maxPooledBuffer = 64 << 10
+
+var statePool = sync.Pool{New: func() any {
+	st := &state{}
+	st.fp.h = sha256.New()
+	st.cw.header = make(map[string][]string, 8)
+	return st
+}}
+
+func (st *state) release() {
+	st.cw.release()
+	st.body = bodyReader{}
+	if cap(st.bodyBuf) > maxPooledBuffer {
+		st.bodyBuf = nil
+	}
+	st.bodyBuf = st.bodyBuf[:0]
+	st.key = st.key[:0]
+	statePool.Put(st)
+}
+
+// readBody reads the request body, up to max bytes, into st.bodyBuf.
+func (st *state) readBody(r *http.Request, limit int64) ([]byte, error) {
+	if r.Body == nil || r.Body == http.NoBody {
+		return nil, nil
+	}
+	if r.ContentLength > limit {
+		return nil, errBodyTooLarge
+	}
+	b := st.bodyBuf[:0]
+	if r.ContentLength > 0 && int64(cap(b)) < r.ContentLength+1 {
+		b = make([]byte, 0, r.ContentLength+1) // +1 to see EOF without growing
+	}
+	for {
+		if len(b) == cap(b) {
+			b = append(b, 0)[:len(b)]
+		}
+		n, err := r.Body.Read(b[len(b):min(int64(cap(b)), limit+1)])
+		b = b[:len(b)+n]
+		if int64(len(b)) > limit {
+			st.bodyBuf = b
+			return nil, errBodyTooLarge
+		}
+		if err == io.EOF {
+			st.bodyBuf = b
+			return b, nil
+		}
+		if err != nil {
+			st.bodyBuf = b
+			return nil, err
+		}
+	}
+}
+
+// bodyReader gives the handler the body the middleware read.
+type bodyReader struct {
+	b   []byte
+	off int
+}
+
+func (br *bodyReader) Read(p []byte) (int, error) {
+	if br.off >= len(br.b) {
+		return 0, io.EOF
+	}
+	n := copy(p, br.b[br.off:])
+	br.off += n
+	return n, nil
+}
+
+func (br *bodyReader) WriteTo(w io.Writer) (int64, error) {
+	n, err := w.Write(br.b[br.off:])
+	br.off += n
+	return int64(n), err
+}
+
+func (br *bodyReader) Close() error { return nil }
+
+func (m *Middleware) serve(next http.Handler, w http.ResponseWriter, r *http.Request) {
+	if !m.guards(r.Method) {
+		next.ServeHTTP(w, r)
+		return
+	}
+	vals := r.Header["Idempotency-Key"]
+	if len(vals) == 0 && !m.required {
+		next.ServeHTTP(w, r)
+		return
+	}
+	var start time.Time
+	if m.observer != nil {
+		start = time.Now()
+	}
+	key, err := ParseKey(vals)
+	if err != nil {
+		p := ProblemInvalidKey
+		if errors.Is(err, errKeyMissing) {
+			p = ProblemMissingKey
+		} else {
+			p.Detail = err.Error()
+		}
+		WriteProblem(w, p)
+		m.observe(r, BadRequest, p.Status, start, err)
+		return
+	}
+	st := statePool.Get().(*state)
+	body, err := st.readBody(r, m.maxBody)
+	if err != nil {
+		p, o := ProblemBodyUnreadable, BadRequest
+		if errors.Is(err, errBodyTooLarge) {
+			p, o = ProblemBodyTooLarge, TooLarge
+			p.Detail = "the body exceeds " + strconv.FormatInt(m.maxBody, 10) + " bytes"
+		}
+		WriteProblem(w, p)
+		st.release()
+		m.observe(r, o, p.Status, start, err)
+		return
+	}
+	// The stored key and the fingerprint share one allocation: the store
+	// keeps both for as long as the record lives.
+	if m.scope != nil {
+		st.key = append(st.key[:0], m.scope(r)...)
+	} else {
+		st.key = appendDefaultScope(st.key[:0], &st.fp.head, r)
+	}
+	st.key = append(st.key, 0)
+	st.key = append(st.key, key...)
+	n := len(st.key)
+	st.key = st.fp.appendFingerprint(st.key, r, m.fpHeaders, body)
+	keyFP := string(st.key)
+	storeKey, fp := keyFP[:n], keyFP[n:]
+
+	ctx := r.Context()
+	if m.detach {
+		ctx = context.WithoutCancel(ctx)
+	}
+	cw := &st.cw
+	cw.reset(w, m, m.now())
+	finished := false
+	if m.observer != nil {
+		defer func() {
+			if !finished {
+				m.observe(r, Released, cw.status, start, errPanic)
+			}
+		}()
+	}
+	fn := func(ctx context.Context) (idempotency.Response, error) {
+		r2 := r.WithContext(ctx)
+		if body != nil {
+			st.body = bodyReader{b: body}
+			r2.Body = &st.body
+		}
+		next.ServeHTTP(cw, r2)
+		return m.result(cw, r)
+	}
+	res, err := m.guard.Run(ctx, storeKey, fp, fn)
+	if res.Outcome == idempotency.InFlight && m.wait > 0 {
+		res, err = m.waitFor(ctx, storeKey, fp, fn, res, err)
+	}
+	finished = true
+
+	var outcome Outcome
+	status := 0
+	switch res.Outcome {
+	case idempotency.Executed:
+		status = cw.status
+		switch {
+		case err == nil:
+			outcome = Executed
+			if cw.tooLarge {
+				err = ErrResponseTooLarge
+			}
+		case errors.Is(err, idempotency.ErrLeaseLost):
+			outcome = LeaseLost
+		case errors.Is(err, errClientGone):
+			outcome = Abandoned
+		case idempotency.IsRetryable(err):
+			outcome = Released
+		default:
+			outcome = NotStored
+		}
+	case idempotency.Replayed:
+		outcome, status = m.replay(w, res)
+	case idempotency.InFlight:
+		p := ProblemInFlight
+		secs := int64((res.LeaseUntil.Sub(m.now()) + time.Second - 1) / time.Second)
+		w.Header()["Retry-After"] = []string{strconv.FormatInt(max(secs, 1), 10)}
+		WriteProblem(w, p)
+		outcome, status = InFlight, p.Status
+	case idempotency.Conflicted:
+		p := ProblemKeyReused
+		p.Status = m.conflictStatus
+		WriteProblem(w, p)
+		outcome, status = Conflict, p.Status
+	default:
+		p := ProblemUnavailable
+		w.Header()["Retry-After"] = []string{m.retryAfter503}
+		WriteProblem(w, p)
+		outcome, status = Unavailable, p.Status
+	}
+	st.release()
+	if m.observer != nil {
+		m.observe(r, outcome, status, start, err)
+	}
+}
+
+// result turns the captured response into what the Guard stores, or into
+// an error that tells the Guard not to store it.
+func (m *Middleware) result(cw *captureWriter, r *http.Request) (idempotency.Response, error) {
+	cw.finish()
+	if cw.hijacked {
+		return idempotency.Response{}, idempotency.Retryable(errHijacked)
+	}
+	if !m.storeStatus(cw.status) {
+		if !m.detach && r.Context().Err() != nil {
+			// The client is gone and the handler gave up: it may have done
+			// part of the work, so the retry must not run it at once.
+			return idempotency.Response{}, errClientGone
+		}
+		return idempotency.Response{}, idempotency.Retryable(errStatusRelease)
+	}
+	if cw.tooLarge {
+		return idempotency.Response{Status: cw.status, Header: tooLargeMarker}, nil
+	}
+	return idempotency.Response{Status: cw.status, Header: cw.header, Body: cw.body}, nil
+}
+
+// waitFor polls the key while it is in flight, for at most m.wait.
+func (m *Middleware) waitFor(ctx context.Context, key, fp string, fn func(context.Context) (idempotency.Response, error),
+	res idempotency.Result, err error) (idempotency.Result, error) {
+	deadline := time.Now().Add(m.wait)
+	delay := 5 * time.Millisecond
+	t := time.NewTimer(0)
+	defer t.Stop()
+	<-t.C
+	for res.Outcome == idempotency.InFlight {
+		left := time.Until(deadline)
+		if left <= 0 {
+			break
+		}
+		t.Reset(min(delay, left))
+		delay = min(2*delay, 200*time.Millisecond)
+		select {
+		case <-ctx.Done():
+			return res, err
+		case <-t.C:
+		}
+		res, err = m.guard.Run(ctx, key, fp, fn)
+	}
+	return res, err
+}
+
+// replay writes a stored response.
+func (m *Middleware) replay(w http.ResponseWriter, res idempotency.Result) (Outcome, int) {
+	resp := res.Response
+	if _, ok := resp.Header[markerKey]; ok {
+		p := ProblemNotReplayable
+		p.OriginalStatus = resp.Status
+		p.Detail = "the request ran; its response exceeded the stored size limit"
+		WriteProblem(w, p)
+		return NotReplayable, p.Status
+	}
+	h := w.Header()
+	var trailers []string
+	for k, v := range resp.Header {
+		if strings.HasPrefix(k, trailerKey) {
+			trailers = append(trailers, k[len(trailerKey):])
+			continue
+		}
+		h[k] = v
+	}
+	if trailers != nil {
+		h["Trailer"] = trailers
+	}
+	h[ReplayedHeader] = []string{"true"}
+	if m.windowHeader != "" && !res.ExpiresAt.IsZero() {
+		h[m.windowHeader] = []string{m.window.format(res.ExpiresAt)}
+	}
+	w.WriteHeader(resp.Status)
+	if len(resp.Body) > 0 {
+		_, _ = w.Write(resp.Body)
+	}
+	for _, name := range trailers {
+		h[name] = resp.Header[trailerKey+name]
+	}
+	return Replayed, resp.Status
+}
+
+func (m *Middleware) observe(r *http.Request, o Outcome, status int, start time.Time, err error) {
+	if m.observer == nil {
+		return
+	}
+	m.observer.Observe(Event{Request: r, Outcome: o, Status: status, Latency: time.Since(start), Err: err})
+}
+
+// dateCache formats IMF-fixdates, reusing the last one: the window header
+// of requests in the same second costs no allocation for the string.
+type dateCache struct{ last atomic.Pointer[dateEntry] }
+
+type dateEntry struct {
+	sec int64
+	s   string
+}
+
+func (c *dateCache) format(t time.Time) string {
+	sec := t.Unix()
+	if e := c.last.Load(); e != nil && e.sec == sec {
+		return e.s
+	}
+	s := t.UTC().Format(http.TimeFormat)
+	c.last.Store(&dateEntry{sec: sec, s: s})
+	return s
+}
+
+// validToken reports whether s is an RFC 9110 token (method, field name).
+func validToken(s string) bool {
+	if s == "" {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if c <= ' ' || c >= 0x7f || strings.IndexByte(`"(),/:;<=>?@[\]{}`, c) >= 0 {
+			return false
+		}
+	}
+	return true
+}

@@ -1,0 +1,76 @@
+package idemhttp
+
+import (
+	"net/http"
+	"time"
+)
+
+// Outcome names what the middleware did with one guarded request. The
+// values are stable and short, fit for metric labels.
+type Outcome string
+
+const (
+	// Executed: the handler ran and its response was stored for replay (or,
+	// with Err = ErrResponseTooLarge, a marker saying it cannot be replayed).
+	Executed Outcome = "executed"
+	// Replayed: a stored response was sent; the handler did not run.
+	Replayed Outcome = "replayed"
+	// InFlight: another request holds the key; 409 was sent.
+	InFlight Outcome = "in_flight"
+	// Conflict: the key belongs to a different request; 422 (or 409) was sent.
+	Conflict Outcome = "conflict"
+	// Unavailable: the store failed before the handler ran; 503 was sent.
+	Unavailable Outcome = "unavailable"
+	// LeaseLost: the handler ran and its response was sent, but another
+	// holder took the key over; the response was not stored.
+	LeaseLost Outcome = "lease_lost"
+	// Released: the handler ran, its response was not stored (storage
+	// policy, Hijack or panic) and the key was released for an immediate
+	// retry.
+	Released Outcome = "released"
+	// Abandoned: the client went away and the handler answered with a
+	// status that is not stored; the claim is kept until its lease ends
+	// (side effects may have happened), then a retry runs again.
+	Abandoned Outcome = "abandoned"
+	// NotStored: the handler ran and its response was sent, but the store
+	// failed to record it; a retry after the lease may run again.
+	NotStored Outcome = "not_stored"
+	// NotReplayable: the key's stored result is the too-large marker; 409
+	// response-not-replayable was sent.
+	NotReplayable Outcome = "not_replayable"
+	// BadRequest: a missing (when required) or invalid key, or an
+	// unreadable body; 400 was sent and nothing ran.
+	BadRequest Outcome = "bad_request"
+	// TooLarge: the request body exceeds MaxBody; 413 was sent.
+	TooLarge Outcome = "too_large"
+)
+
+// Event describes one guarded request, after its response was sent.
+type Event struct {
+	// Request is the request as the middleware received it. Its body has
+	// been consumed; do not read it.
+	Request *http.Request
+	Outcome Outcome
+	// Status is the status code sent to the client (0 if none was sent,
+	// for example after Hijack).
+	Status int
+	// Latency is the time spent in the middleware, handler included.
+	Latency time.Duration
+	// Err is the error behind the outcome, if any (a store error, a lease
+	// loss, ErrResponseTooLarge).
+	Err error
+}
+
+// Observer sees every guarded request's outcome. Observe is called from the
+// request's goroutine after the response is complete; it must be safe for
+// concurrent use and should be quick. Requests that are not guarded (other
+// methods, or no key when keys are optional) are not observed.
+type Observer interface {
+	Observe(Event)
+}
+
+// ObserverFunc adapts a function to Observer.
+type ObserverFunc func(Event)
+
+// Observe calls f(e).
+func (f ObserverFunc) Observe(e Event) { f(e) }
