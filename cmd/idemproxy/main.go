@@ -1,0 +1,274 @@
+// Command idemproxy is a sidecar that gives any HTTP API idempotency keys:
+// an httputil.ReverseProxy behind the idemhttp middleware. A POST or PATCH
+// with an Idempotency-Key runs once upstream; its retries within the window
+// get the stored response, marked Idempotent-Replayed: true.
+//
+//	idemproxy -upstream http://127.0.0.1:9000               # bolt:idempotency.db
+//	idemproxy -upstream http://app:9000 -store redis://redis:6379/0?prefix=orders:
+//
+// Every flag may be set as IDEMPROXY_<NAME> (IDEMPROXY_STORE, ...); see
+// README.md for the store URLs and the metrics.
+//
+// # Scopes and trust
+//
+// A key is scoped so that one caller's response is never replayed to
+// another. By default the scope is a hash of the request's Authorization
+// header: callers with different credentials never share a key, and the
+// credential never reaches the store or the logs. The proxy does not check
+// credentials; it only keeps them apart. With -scope-header NAME the scope
+// is that header's value as it arrives. Use it only behind a gateway that
+// authenticates callers and sets NAME itself, removing any value a client
+// sent: a client that can choose NAME can read another tenant's stored
+// responses by guessing its keys. Requests without the header share the
+// empty scope.
+//
+// # Upstream failures
+//
+// The upstream call is not cancelled when the client goes away: it finishes,
+// its response is stored and the client's retry replays it. When the
+// upstream cannot be dialled nothing was sent: the proxy answers 502
+// (application/problem+json) and releases the key, so the retry runs at
+// once. When the request was sent and no complete response came back (a
+// timeout, -upstream-timeout, a reset, a body cut short) the operation may
+// have taken effect: the proxy answers 504 or 502 (or aborts a response
+// already under way) and keeps the claim until its lease ends, so a retry
+// gets 409 until then and runs again only afterwards.
+//
+// # Operator commands
+//
+//	idemproxy get     -store URL [-scope S] KEY   print a key's record (no body)
+//	idemproxy delete  -store URL [-scope S] KEY   evict a key in any state
+//	idemproxy release -store URL [-scope S] KEY   give an in-flight claim back
+//
+// S is the scope as the proxy derives it: the -scope-header value, or
+// "auth:" and 32 hex digits of SHA-256 of the Authorization value (empty for
+// requests without one). The admin address offers the same as /keys/{key}.
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/archlab/idempotency"
+	"github.com/archlab/idempotency/idemhttp"
+	"github.com/archlab/idempotency/internal/storeurl"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	err := run(ctx, os.Args[1:], os.Stdout, os.Stderr, os.Getenv)
+	stop()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "idemproxy:", err)
+		if errors.Is(err, errUsage) {
+			os.Exit(2)
+		}
+		os.Exit(1)
+	}
+}
+
+// run is the whole command; it returns when ctx is done (SIGTERM) and the
+// proxy has drained, or at once for an operator command.
+func run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv func(string) string) error {
+	if len(args) > 0 {
+		switch args[0] {
+		case "get", "delete", "release":
+			return operate(ctx, args[0], args[1:], stdout, stderr, getenv)
+		}
+	}
+	cfg, err := parseConfig(args, getenv, stderr)
+	if err != nil {
+		return err
+	}
+	log := newLogger(cfg, stderr)
+	return serve(ctx, cfg, log)
+}
+
+func newLogger(cfg *config, w io.Writer) *slog.Logger {
+	var level slog.Level
+	if err := level.UnmarshalText([]byte(cfg.logLevel)); err != nil {
+		level = slog.LevelInfo
+	}
+	opts := &slog.HandlerOptions{Level: level}
+	if cfg.logFormat == "json" {
+		return slog.New(slog.NewJSONHandler(w, opts))
+	}
+	return slog.New(slog.NewTextHandler(w, opts))
+}
+
+// storeKey is the key idemhttp stores for a request: scope, NUL, key. (The
+// middleware does not export it.)
+func storeKey(scope, key string) string { return scope + "\x00" + key }
+
+func serve(ctx context.Context, cfg *config, log *slog.Logger) error {
+	openCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	store, closer, err := storeurl.Open(openCtx, cfg.store, storeurl.Options{Migrate: cfg.migrate, Logger: log})
+	cancel()
+	if err != nil {
+		return fmt.Errorf("open store: %w", err)
+	}
+	defer func() {
+		if err := closer.Close(); err != nil {
+			log.Error("closing the store", "error", err)
+		}
+	}()
+	m := newMetrics()
+	timed := timedStore{Store: store, m: m}
+	guard, err := idempotency.NewGuard(claimKeeper{timed}, &idempotency.Options{
+		Lease: cfg.lease, Retention: cfg.retention, OnRenew: m.onRenew,
+	})
+	if err != nil {
+		return fmt.Errorf("%w: %w", errUsage, err)
+	}
+	var scope func(*http.Request) string
+	if cfg.scopeHeader != "" {
+		name := http.CanonicalHeaderKey(cfg.scopeHeader)
+		scope = func(r *http.Request) string { return r.Header.Get(name) }
+	}
+	mw, err := idemhttp.New(guard, &idemhttp.Options{
+		Required: cfg.requireKey, Scope: scope, MaxBody: cfg.maxBody, Wait: cfg.wait,
+		Observer: logObserver{m: m, log: log},
+	})
+	if err != nil {
+		return fmt.Errorf("%w: %w", errUsage, err)
+	}
+	proxy := newReverseProxy(cfg.upstream, cfg.upstreamTimeout, log)
+	guarded := mw.Handler(proxy)
+	handler := m.countInFlight(detach(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if (r.Method != http.MethodPost && r.Method != http.MethodPatch) ||
+			(len(r.Header["Idempotency-Key"]) == 0 && !cfg.requireKey) {
+			m.passedThru.Inc()
+		}
+		guarded.ServeHTTP(w, r)
+	})))
+
+	ln, err := net.Listen("tcp", cfg.listen)
+	if err != nil {
+		return fmt.Errorf("listen: %w", err)
+	}
+	srv := &http.Server{Handler: handler, ReadHeaderTimeout: 10 * time.Second,
+		ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn)}
+	var adminSrv *http.Server
+	var adminLn net.Listener
+	if cfg.admin != "" {
+		adminLn, err = net.Listen("tcp", cfg.admin)
+		if err != nil {
+			ln.Close()
+			return fmt.Errorf("listen admin: %w", err)
+		}
+		adminSrv = &http.Server{Handler: adminHandler(timed, m, storeKey, time.Now), ReadHeaderTimeout: 10 * time.Second}
+	}
+	errc := make(chan error, 2)
+	go func() { errc <- srv.Serve(ln) }()
+	attrs := []any{"proxy", ln.Addr().String(), "upstream", cfg.upstream.Redacted(), "store", redactStore(cfg.store)}
+	if adminSrv != nil {
+		go func() { errc <- adminSrv.Serve(adminLn) }()
+		attrs = append(attrs, "admin", adminLn.Addr().String())
+	}
+	log.Info("listening", attrs...)
+
+	select {
+	case <-ctx.Done():
+	case err := <-errc:
+		srv.Close()
+		if adminSrv != nil {
+			adminSrv.Close()
+		}
+		return fmt.Errorf("serve: %w", err)
+	}
+	log.Info("shutting down: draining in-flight requests", "timeout", cfg.shutdown)
+	sctx, cancel := context.WithTimeout(context.Background(), cfg.shutdown)
+	defer cancel()
+	err = srv.Shutdown(sctx)
+	if err != nil {
+		log.Warn("in-flight requests did not finish in time; closing", "error", err)
+		srv.Close()
+	}
+	if adminSrv != nil {
+		_ = adminSrv.Shutdown(sctx)
+		adminSrv.Close()
+	}
+	log.Info("stopped")
+	return nil
+}
+
+// redactStore hides a password in a store URL for the logs.
+func redactStore(s string) string {
+	scheme, rest, ok := strings.Cut(s, "://")
+	if !ok {
+		return s
+	}
+	at := strings.LastIndex(rest, "@")
+	if at < 0 {
+		return s
+	}
+	user, _, hasPass := strings.Cut(rest[:at], ":")
+	if !hasPass {
+		return s
+	}
+	return scheme + "://" + user + ":xxxxx" + rest[at:]
+}
+
+// operate runs an operator command on a store.
+func operate(ctx context.Context, cmd string, args []string, stdout, stderr io.Writer, getenv func(string) string) error {
+	fs := flag.NewFlagSet("idemproxy "+cmd, flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	storeDefault := getenv("IDEMPROXY_STORE")
+	if storeDefault == "" {
+		storeDefault = "bolt:idempotency.db"
+	}
+	storeURL := fs.String("store", storeDefault, "store URL (as for the proxy)")
+	scope := fs.String("scope", "", "the key's scope as the proxy derives it (see the package doc)")
+	fs.Usage = func() {
+		fmt.Fprintf(stderr, "usage: idemproxy %s -store URL [-scope S] KEY\n", cmd)
+		fs.PrintDefaults()
+	}
+	if err := fs.Parse(args); err != nil {
+		return fmt.Errorf("%w: %v", errUsage, err)
+	}
+	if fs.NArg() != 1 {
+		fs.Usage()
+		return fmt.Errorf("%w: %s needs exactly one KEY", errUsage, cmd)
+	}
+	key := storeKey(*scope, fs.Arg(0))
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	store, closer, err := storeurl.Open(ctx, *storeURL, storeurl.Options{})
+	if err != nil {
+		return err
+	}
+	defer closer.Close()
+	switch cmd {
+	case "get":
+		rec, err := store.Get(ctx, key, time.Now())
+		if err != nil {
+			return err
+		}
+		enc := json.NewEncoder(stdout)
+		enc.SetIndent("", "  ")
+		return enc.Encode(recordView(rec))
+	case "delete":
+		if err := store.Delete(ctx, key); err != nil {
+			return err
+		}
+		fmt.Fprintln(stdout, "deleted")
+	case "release":
+		if err := releaseKey(ctx, store, key, time.Now()); err != nil {
+			return err
+		}
+		fmt.Fprintln(stdout, "released")
+	}
+	return nil
+}

@@ -1,0 +1,269 @@
+// Package storeurl opens an idempotency.Store named by a URL, for commands
+// that take the store as a flag (cmd/idemproxy).
+//
+// The forms:
+//
+//	memory                          idempotency.NewMemoryStore (lost on exit)
+//	bolt:PATH                       boltstore.Open(PATH): the embedded default
+//	redis://[user:pass@]host:port/db[?opts]   one Redis node (go-redis ParseURL
+//	rediss://...                              syntax; rediss is TLS)
+//	redis+cluster://[user:pass@]host:port,host:port[/][?opts]
+//	rediss+cluster://...            a Redis Cluster, seeded by any of its nodes
+//	                                (go-redis ParseClusterURL options)
+//	postgres://... postgresql://... a pgxpool (pgx connection string syntax)
+//
+// Besides the driver's own query options, each form accepts these, which are
+// removed before the URL reaches go-redis or pgx:
+//
+//	prefix=P       redis: the key prefix (redisstore.Options.Prefix); give each
+//	               application, or each test, its own
+//	clock=server|caller   redis and postgres: whose clock judges leases
+//	               (default: redis server, postgres caller; see the engines)
+//	schema=S, table=T     postgres: where the records live (pgstore.Options)
+//
+// For example redis://127.0.0.1:6379/0?prefix=orders:&clock=server or
+// postgres://app@db/app?sslmode=require&schema=idem.
+package storeurl
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/url"
+	"strings"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/archlab/idempotency"
+	"github.com/archlab/idempotency/boltstore"
+	"github.com/archlab/idempotency/pgstore"
+	"github.com/archlab/idempotency/redisstore"
+)
+
+// Options configure Open. The zero value is usable.
+type Options struct {
+	// Migrate runs pgstore's Migrate after opening a postgres store (false:
+	// the schema must exist already). Other stores ignore it.
+	Migrate bool
+	// Logger receives the engines' warnings, such as redisstore's about an
+	// evicting maxmemory-policy (nil: slog.Default()).
+	Logger *slog.Logger
+}
+
+// ErrUnknownScheme is returned (wrapped) for a URL that names no store.
+var ErrUnknownScheme = errors.New("storeurl: unknown store URL scheme")
+
+// Open opens the store named by rawURL. The io.Closer releases what Open
+// acquired (a file, a connection pool); close it after the last use of the
+// store. A configuration error wraps idempotency.ErrInvalidConfig (or
+// ErrUnknownScheme); a store that cannot be reached while opening wraps
+// idempotency.ErrUnavailable.
+func Open(ctx context.Context, rawURL string, opts Options) (idempotency.Store, io.Closer, error) {
+	rawURL = strings.TrimSpace(rawURL)
+	scheme, rest, ok := strings.Cut(rawURL, ":")
+	if !ok {
+		scheme, rest = rawURL, ""
+	}
+	switch strings.ToLower(scheme) {
+	case "memory", "mem":
+		if rest != "" && rest != "//" {
+			return nil, nil, invalid("memory takes no arguments: %q", rawURL)
+		}
+		return idempotency.NewMemoryStore(), nopCloser{}, nil
+	case "bolt", "boltdb":
+		path := strings.TrimPrefix(rest, "//")
+		if path == "" {
+			return nil, nil, invalid("bolt needs a path: bolt:PATH")
+		}
+		s, err := boltstore.Open(path, nil)
+		if err != nil {
+			return nil, nil, fmt.Errorf("storeurl: %w", err)
+		}
+		return s, s, nil
+	case "redis", "rediss":
+		return openRedis(ctx, rawURL, opts)
+	case "redis+cluster", "rediss+cluster":
+		return openCluster(ctx, scheme, rest, opts)
+	case "postgres", "postgresql":
+		return openPostgres(ctx, rawURL, opts)
+	case "":
+		return nil, nil, fmt.Errorf("%w: empty store URL (want memory, bolt:PATH, redis://, redis+cluster://, postgres://)", ErrUnknownScheme)
+	}
+	return nil, nil, fmt.Errorf("%w: %q (want memory, bolt:PATH, redis://, rediss://, redis+cluster://, postgres://)", ErrUnknownScheme, scheme)
+}
+
+func invalid(format string, args ...any) error {
+	return fmt.Errorf("%w: storeurl: "+format, append([]any{idempotency.ErrInvalidConfig}, args...)...)
+}
+
+type nopCloser struct{}
+
+func (nopCloser) Close() error { return nil }
+
+type closeFunc func() error
+
+func (f closeFunc) Close() error { return f() }
+
+// takeParams removes our own query parameters from u and returns them.
+// Each may appear once.
+func takeParams(u *url.URL, names ...string) (map[string]string, error) {
+	q := u.Query()
+	out := make(map[string]string, len(names))
+	for _, n := range names {
+		vs, ok := q[n]
+		if !ok {
+			continue
+		}
+		if len(vs) != 1 {
+			return nil, invalid("query parameter %q given %d times", n, len(vs))
+		}
+		out[n] = vs[0]
+		q.Del(n)
+	}
+	u.RawQuery = q.Encode()
+	return out, nil
+}
+
+func redisClock(v string) (redisstore.Clock, error) {
+	switch v {
+	case "", "server":
+		return redisstore.ServerClock, nil
+	case "caller":
+		return redisstore.CallerClock, nil
+	}
+	return 0, invalid("clock=%q: want server or caller", v)
+}
+
+func openRedis(ctx context.Context, rawURL string, opts Options) (idempotency.Store, io.Closer, error) {
+	u, err := url.Parse(rawURL)
+	if err != nil {
+		return nil, nil, invalid("%v", redactErr(err))
+	}
+	p, err := takeParams(u, "prefix", "clock")
+	if err != nil {
+		return nil, nil, err
+	}
+	ro, err := redis.ParseURL(u.String())
+	if err != nil {
+		return nil, nil, invalid("%v", err)
+	}
+	return newRedis(ctx, redis.NewClient(ro), p, opts)
+}
+
+// openCluster parses redis+cluster://[user:pass@]h1:p1,h2:p2[/][?opts] by
+// rewriting it into go-redis's cluster URL form (the first address as the
+// host, the others as addr= parameters).
+func openCluster(ctx context.Context, scheme, rest string, opts Options) (idempotency.Store, io.Closer, error) {
+	if !strings.HasPrefix(rest, "//") {
+		return nil, nil, invalid("%s URL must look like %s://host:port,host:port", scheme, scheme)
+	}
+	rest = rest[2:]
+	authority, query, _ := strings.Cut(rest, "?")
+	authority = strings.TrimSuffix(authority, "/")
+	if strings.Contains(authority, "/") {
+		return nil, nil, invalid("%s URL takes no path or database (Cluster has database 0 only)", scheme)
+	}
+	var userinfo string
+	if i := strings.LastIndex(authority, "@"); i >= 0 {
+		userinfo, authority = authority[:i+1], authority[i+1:]
+	}
+	var addrs []string
+	for _, a := range strings.Split(authority, ",") {
+		if a = strings.TrimSpace(a); a != "" {
+			addrs = append(addrs, a)
+		}
+	}
+	if len(addrs) == 0 {
+		return nil, nil, invalid("%s URL names no node", scheme)
+	}
+	base := strings.TrimSuffix(scheme, "+cluster")
+	u, err := url.Parse(base + "://" + userinfo + addrs[0] + "?" + query)
+	if err != nil {
+		return nil, nil, invalid("%v", redactErr(err))
+	}
+	p, err := takeParams(u, "prefix", "clock")
+	if err != nil {
+		return nil, nil, err
+	}
+	q := u.Query()
+	for _, a := range addrs[1:] {
+		q.Add("addr", a)
+	}
+	u.RawQuery = q.Encode()
+	co, err := redis.ParseClusterURL(u.String())
+	if err != nil {
+		return nil, nil, invalid("%v", err)
+	}
+	return newRedis(ctx, redis.NewClusterClient(co), p, opts)
+}
+
+func newRedis(_ context.Context, client redis.UniversalClient, p map[string]string, opts Options) (idempotency.Store, io.Closer, error) {
+	clock, err := redisClock(p["clock"])
+	if err != nil {
+		_ = client.Close()
+		return nil, nil, err
+	}
+	s, err := redisstore.New(client, &redisstore.Options{Prefix: p["prefix"], Clock: clock, Logger: opts.Logger})
+	if err != nil {
+		_ = client.Close()
+		if !errors.Is(err, idempotency.ErrInvalidConfig) && !errors.Is(err, idempotency.ErrUnavailable) {
+			// On Cluster, New asks the nodes for the masters' settings.
+			err = fmt.Errorf("%w: %w", idempotency.ErrUnavailable, err)
+		}
+		return nil, nil, fmt.Errorf("storeurl: %w", err)
+	}
+	return s, client, nil
+}
+
+func openPostgres(ctx context.Context, rawURL string, opts Options) (idempotency.Store, io.Closer, error) {
+	u, err := url.Parse(rawURL)
+	if err != nil {
+		return nil, nil, invalid("%v", redactErr(err))
+	}
+	p, err := takeParams(u, "schema", "table", "clock")
+	if err != nil {
+		return nil, nil, err
+	}
+	var clock pgstore.Clock
+	switch p["clock"] {
+	case "", "caller":
+		clock = pgstore.CallerClock
+	case "server":
+		clock = pgstore.ServerClock
+	default:
+		return nil, nil, invalid("clock=%q: want caller or server", p["clock"])
+	}
+	cfg, err := pgxpool.ParseConfig(u.String())
+	if err != nil {
+		return nil, nil, invalid("%v", err)
+	}
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return nil, nil, fmt.Errorf("storeurl: %w: %w", idempotency.ErrUnavailable, err)
+	}
+	closer := closeFunc(func() error { pool.Close(); return nil })
+	s, err := pgstore.New(pool, &pgstore.Options{Schema: p["schema"], Table: p["table"], Clock: clock})
+	if err != nil {
+		pool.Close()
+		return nil, nil, fmt.Errorf("storeurl: %w", err)
+	}
+	if opts.Migrate {
+		if err := s.Migrate(ctx); err != nil {
+			pool.Close()
+			return nil, nil, fmt.Errorf("storeurl: migrate: %w", err)
+		}
+	}
+	return s, closer, nil
+}
+
+// redactErr keeps a password out of url.Parse's error, which quotes the URL.
+func redactErr(err error) error {
+	var ue *url.Error
+	if errors.As(err, &ue) {
+		return fmt.Errorf("%s: %w", ue.Op, ue.Err)
+	}
+	return err
+}
