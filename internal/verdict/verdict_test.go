@@ -1,0 +1,41 @@
+package verdict
+
+import (
+	"strings"
+	"sync"
+	"testing"
+)
+
+func TestReport(t *testing.T) {
+	r := New()
+	r.Declare("never exercised")
+	var wg sync.WaitGroup
+	for i := range 100 {
+		wg.Go(func() {
+			r.Check("replay equals first answer", true, "")
+			r.Check("charged at most once", i != 7, "key k%d charged twice", i)
+		})
+	}
+	wg.Wait()
+	r.Skip("paused store", "no store to pause")
+	var b strings.Builder
+	if err := r.Write(&b); err != nil {
+		t.Fatal(err)
+	}
+	out := b.String()
+	for _, want := range []string{
+		"replay equals first answer  ok",
+		"charged at most once        FAILED",
+		"key k7 charged twice",
+		"never exercised             FAILED (not exercised)",
+		"paused store: skipped: no store to pause",
+		"\n1 passed, 2 failed\n",
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("report lacks %q:\n%s", want, out)
+		}
+	}
+	if r.OK() {
+		t.Error("OK() with failures")
+	}
+}
