@@ -437,22 +437,9 @@ func (s *Store) Begin(ctx context.Context, key, fingerprint string, now time.Tim
 
 // Complete implements idempotency.Store.
 func (s *Store) Complete(ctx context.Context, key string, token uint64, resp idempotency.Response, now time.Time, retention time.Duration) error {
-	if err := checkKey("complete", key); err != nil {
-		return err
-	}
 	n := unixNano(now)
 	// Encoding copies resp, so the store keeps no memory of the caller's.
-	var lost bool
-	err := s.write(ctx, "complete", func(b buckets) error {
-		lost = false
-		cur, found, err := b.get(key)
-		if err != nil {
-			return err
-		}
-		if !found || cur.token != token || cur.state != stateProcessing {
-			lost = true
-			return nil
-		}
+	return s.writeClaim(ctx, "complete", key, token, func(b buckets, cur rec) error {
 		old := cur.expiresAt
 		cur.state = stateDone
 		cur.resp = resp
@@ -461,56 +448,39 @@ func (s *Store) Complete(ctx context.Context, key string, token uint64, resp ide
 		if err := b.put(key, &cur, old, true); err != nil {
 			return err
 		}
-		_, _, err = b.sweep(n, s.sweepPerWrite)
+		_, _, err := b.sweep(n, s.sweepPerWrite)
 		return err
 	})
-	if err != nil {
-		return err
-	}
-	if lost {
-		return fmt.Errorf("boltstore: complete %q: %w", key, idempotency.ErrLeaseLost)
-	}
-	return nil
 }
 
 // Extend implements idempotency.Store.
 func (s *Store) Extend(ctx context.Context, key string, token uint64, now time.Time, lease time.Duration) error {
-	if err := checkKey("extend", key); err != nil {
-		return err
-	}
 	n := unixNano(now)
-	var lost bool
-	err := s.write(ctx, "extend", func(b buckets) error {
-		lost = false
-		cur, found, err := b.get(key)
-		if err != nil {
-			return err
-		}
-		if !found || cur.token != token || cur.state != stateProcessing {
-			lost = true
-			return nil
-		}
+	return s.writeClaim(ctx, "extend", key, token, func(b buckets, cur rec) error {
 		old := cur.expiresAt
 		cur.leaseUntil = n + int64(lease)
 		cur.expiresAt = max(cur.expiresAt, cur.leaseUntil)
 		return b.put(key, &cur, old, true)
 	})
-	if err != nil {
-		return err
-	}
-	if lost {
-		return fmt.Errorf("boltstore: extend %q: %w", key, idempotency.ErrLeaseLost)
-	}
-	return nil
 }
 
 // Release implements idempotency.Store.
 func (s *Store) Release(ctx context.Context, key string, token uint64) error {
-	if err := checkKey("release", key); err != nil {
+	return s.writeClaim(ctx, "release", key, token, func(b buckets, cur rec) error {
+		return b.remove(key, &cur)
+	})
+}
+
+// writeClaim applies change, in one write, to the key's Processing claim
+// named by token; any other record, or none, gives ErrLeaseLost and changes
+// nothing. Like every write function it may run more than once, so the
+// verdict is reset at the top.
+func (s *Store) writeClaim(ctx context.Context, op, key string, token uint64, change func(b buckets, cur rec) error) error {
+	if err := checkKey(op, key); err != nil {
 		return err
 	}
 	var lost bool
-	err := s.write(ctx, "release", func(b buckets) error {
+	err := s.write(ctx, op, func(b buckets) error {
 		lost = false
 		cur, found, err := b.get(key)
 		if err != nil {
@@ -520,13 +490,13 @@ func (s *Store) Release(ctx context.Context, key string, token uint64) error {
 			lost = true
 			return nil
 		}
-		return b.remove(key, &cur)
+		return change(b, cur)
 	})
 	if err != nil {
 		return err
 	}
 	if lost {
-		return fmt.Errorf("boltstore: release %q: %w", key, idempotency.ErrLeaseLost)
+		return fmt.Errorf("boltstore: %s %q: %w", op, key, idempotency.ErrLeaseLost)
 	}
 	return nil
 }
