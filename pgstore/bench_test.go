@@ -12,6 +12,7 @@ import (
 
 	"github.com/archlab/idempotency/idemtest"
 	"github.com/archlab/idempotency/internal/testenv"
+	"github.com/archlab/idempotency/internal/wire"
 )
 
 // BenchmarkGuardDo is the shared Guard.Do benchmark (new keys and replays
@@ -87,7 +88,7 @@ func pgbenchScript(s *Store) string {
 		return sql
 	}
 	bytea := func(b []byte) string { return `'\x` + hex.EncodeToString(b) + `'::bytea` }
-	header := encodeHeader(map[string][]string{"Content-Type": {"application/json"}})
+	header := wire.EncodeHeader(map[string][]string{"Content-Type": {"application/json"}})
 	body := []byte(`{"id":"ch_1","amount":1000,"currency":"eur"}`)
 	// pgbench has no clock in \set; keys are unique, so a fixed now only
 	// decides nothing, as the real one does for a new key.

@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/archlab/idempotency"
+	"github.com/archlab/idempotency/internal/wire"
 )
 
 // Clock says whose clock judges leases and windows.
@@ -281,7 +282,7 @@ func (s *Store) CompleteTx(ctx context.Context, tx pgx.Tx, key string, token uin
 }
 
 func (s *Store) completeArgs(key string, token uint64, resp idempotency.Response, now time.Time, retention time.Duration) []any {
-	return s.args(now, []byte(key), int64(token), int64(resp.Status), encodeHeader(resp.Header), resp.Body, int64(retention))
+	return s.args(now, []byte(key), int64(token), int64(resp.Status), wire.EncodeHeader(resp.Header), resp.Body, int64(retention))
 }
 
 // affected turns an UPDATE or DELETE that changed no row into ErrLeaseLost.
@@ -394,7 +395,7 @@ func (r *recordRow) record() (idempotency.Record, error) {
 	if r.status != nil {
 		rec.Response.Status = int(*r.status)
 	}
-	h, err := decodeHeader(r.headers)
+	h, err := wire.DecodeHeader(r.headers)
 	if err != nil {
 		return idempotency.Record{}, err
 	}

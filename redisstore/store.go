@@ -12,6 +12,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/archlab/idempotency"
+	"github.com/archlab/idempotency/internal/wire"
 )
 
 // Clock says whose clock judges leases and windows.
@@ -295,7 +296,7 @@ func parseRecord(r []any) (idempotency.Record, error) {
 		return rec, err
 	}
 	if len(r) > 7 && r[7] != nil {
-		if rec.Response.Header, err = decodeHeader([]byte(str(7))); err != nil {
+		if rec.Response.Header, err = wire.DecodeHeader([]byte(str(7))); err != nil {
 			return rec, err
 		}
 	}
@@ -328,7 +329,7 @@ func badReply(op string, v any) error {
 
 // Complete implements idempotency.Store.
 func (s *Store) Complete(ctx context.Context, key string, token uint64, resp idempotency.Response, now time.Time, retention time.Duration) error {
-	header := encodeHeader(resp.Header)
+	header := wire.EncodeHeader(resp.Header)
 	hasBody := "0"
 	if resp.Body != nil {
 		hasBody = "1"

@@ -1,4 +1,6 @@
-package pgstore
+// Package wire holds encodings shared by the engines that store records
+// as bytes (pgstore, redisstore).
+package wire
 
 import (
 	"encoding/binary"
@@ -6,16 +8,17 @@ import (
 	"slices"
 )
 
-// Headers are stored as bytea in a small binary encoding rather than jsonb:
-// jsonb cannot hold U+0000 and JSON would replace invalid UTF-8, and a
-// replay must return the header bytes that were stored. A nil map is stored
-// as NULL. The encoding is a version byte (1), then uvarint counts and
-// lengths: number of fields; per field, in key order, the key, the number
-// of values plus one (0 for a nil slice), and each value.
+// Response headers are stored in a small binary encoding rather than JSON:
+// JSON replaces invalid UTF-8, jsonb cannot hold U+0000, and a replay must
+// return the header bytes that were stored. The encoding is a version byte
+// (1), then uvarint counts and lengths: the number of fields; per field, in
+// key order (so equal maps encode equally), the key, the number of values
+// plus one (0 for a nil slice), and each value. A nil map encodes as nil.
 
 const headerV1 = 1
 
-func encodeHeader(h map[string][]string) []byte {
+// EncodeHeader encodes h; nil encodes as nil.
+func EncodeHeader(h map[string][]string) []byte {
 	if h == nil {
 		return nil
 	}
@@ -49,14 +52,17 @@ func encodeHeader(h map[string][]string) []byte {
 	return b
 }
 
-var errBadHeader = errors.New("pgstore: malformed stored headers")
+// ErrBadHeader is returned by DecodeHeader for bytes that EncodeHeader did
+// not make (a stored record was damaged or written by something else).
+var ErrBadHeader = errors.New("malformed stored response header")
 
-func decodeHeader(b []byte) (map[string][]string, error) {
+// DecodeHeader decodes what EncodeHeader made; nil decodes as a nil map.
+func DecodeHeader(b []byte) (map[string][]string, error) {
 	if b == nil {
 		return nil, nil
 	}
 	if len(b) == 0 || b[0] != headerV1 {
-		return nil, errBadHeader
+		return nil, ErrBadHeader
 	}
 	d := decoder{b: b[1:]}
 	n := d.count()
@@ -68,7 +74,7 @@ func decodeHeader(b []byte) (map[string][]string, error) {
 			break
 		}
 		if _, dup := h[k]; dup {
-			return nil, errBadHeader
+			return nil, ErrBadHeader
 		}
 		if nv == 0 {
 			h[k] = nil
@@ -81,7 +87,7 @@ func decodeHeader(b []byte) (map[string][]string, error) {
 		h[k] = vs
 	}
 	if d.err != nil || len(d.b) != 0 {
-		return nil, errBadHeader
+		return nil, ErrBadHeader
 	}
 	return h, nil
 }
@@ -99,7 +105,7 @@ func (d *decoder) count() int {
 	}
 	v, n := binary.Uvarint(d.b)
 	if n <= 0 || v > uint64(len(d.b)) {
-		d.err = errBadHeader
+		d.err = ErrBadHeader
 		return 0
 	}
 	d.b = d.b[n:]
@@ -112,7 +118,7 @@ func (d *decoder) str() string {
 	}
 	v, n := binary.Uvarint(d.b)
 	if n <= 0 || v > uint64(len(d.b)-n) {
-		d.err = errBadHeader
+		d.err = ErrBadHeader
 		return ""
 	}
 	s := string(d.b[n : n+int(v)])
