@@ -6,7 +6,7 @@ import "github.com/redis/go-redis/v9"
 //
 //	f  fingerprint          s  state: P (processing) or D (done)
 //	t  fencing token        l  lease end (P only)
-//	e  end of the window    c, h, b  status, header (header.go), body (D only)
+//	e  end of the window    c, h, b  status, header (internal/wire), body (D only)
 //
 // Times are 20-digit strings, 11 digits of Unix seconds and 9 of
 // nanoseconds, so that Lua compares them exactly as strings: its numbers

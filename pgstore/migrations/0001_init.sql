@@ -12,7 +12,7 @@ CREATE TABLE {{table}} (
     lease_until bigint,
     expires_at  bigint  NOT NULL,
     status      bigint,
-    headers     bytea,   -- see codec.go
+    headers     bytea,   -- internal/wire header encoding
     body        bytea
 );
 
