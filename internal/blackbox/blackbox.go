@@ -1,0 +1,472 @@
+package blackbox
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"crypto/rand"
+	"crypto/tls"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	mrand "math/rand/v2"
+	"net"
+	"net/http"
+	"net/url"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/archlab/idempotency/internal/verdict"
+)
+
+// Names of the checks, as they appear in the report.
+const (
+	CheckFresh      = "fresh requests succeed"
+	CheckRetry      = "retry replays first response"
+	CheckMarked     = "replays carry Idempotent-Replayed"
+	CheckConcurrent = "concurrent duplicates execute once"
+	CheckPayload    = "different payload rejected"
+	CheckMalformed  = "malformed keys rejected"
+	CheckLost       = "lost response replays"
+	CheckScope      = "credentials never share results"
+)
+
+// Checks returns the check names in the order Run declares them.
+func Checks() []string {
+	return []string{CheckFresh, CheckRetry, CheckMarked, CheckConcurrent,
+		CheckPayload, CheckMalformed, CheckLost, CheckScope}
+}
+
+// DefaultBodyTemplate is the body sent when Config.BodyTemplate is empty.
+const DefaultBodyTemplate = `{"id":"{{unique}}","amount":100}`
+
+// Config selects the target and how it is exercised. Every zero value but
+// Target's is usable.
+type Config struct {
+	// Target is the URL the POSTs go to (http or https).
+	Target string
+	// Headers are credential sets: [0] is sent with every request, [1] (if
+	// any) is the second caller of the scope check. None: no extra fields.
+	Headers []http.Header
+	// BodyTemplate is JSON in which {{unique}} becomes a value fresh per
+	// logical request and {{seq}} its sequence number ("":
+	// DefaultBodyTemplate).
+	BodyTemplate string
+	// ConflictStatus is the status expected for a key reused with another
+	// body (0: 422).
+	ConflictStatus int
+	// Concurrency is the number of concurrent duplicates per key (0: 16).
+	Concurrency int
+	// Requests is the number of logical requests (keys) per check (0: 20).
+	Requests int
+	// Seed drives the random choices.
+	Seed int64
+	// Timeout bounds one HTTP exchange (0: 10s).
+	Timeout time.Duration
+}
+
+// ReplayedHeader is the response field by which a target marks a replay.
+const ReplayedHeader = "Idempotent-Replayed"
+
+// maxBody bounds the response body read; longer bodies are compared by
+// their first maxBody bytes.
+const maxBody = 1 << 20
+
+// Run checks the target and records the results in rep, writing one line
+// per check to progress (nil: none). It returns an error only for an
+// invalid cfg, a target that cannot be reached, or ctx ending.
+func Run(ctx context.Context, cfg Config, rep *verdict.Report, progress io.Writer) error {
+	c, err := newChecker(cfg, rep, progress)
+	if err != nil {
+		return err
+	}
+	defer c.client.CloseIdleConnections()
+	rep.Declare(Checks()...)
+	if err := c.preflight(ctx); err != nil {
+		return err
+	}
+	for _, step := range []struct {
+		name string
+		fn   func(context.Context)
+	}{
+		{CheckRetry, c.checkRetry},
+		{CheckConcurrent, c.checkConcurrent},
+		{CheckPayload, c.checkPayload},
+		{CheckMalformed, c.checkMalformed},
+		{CheckLost, c.checkLost},
+		{CheckScope, c.checkScope},
+	} {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		c.logf("checking: %s", step.name)
+		step.fn(ctx)
+	}
+	c.finishMarked()
+	return ctx.Err()
+}
+
+// checker is one run.
+type checker struct {
+	cfg      Config
+	target   *url.URL
+	client   *http.Client
+	rep      *verdict.Report
+	progress io.Writer
+	runID    string
+
+	mu  sync.Mutex
+	rng *mrand.Rand
+	seq int
+
+	// identifies: two executions of one body give different answers.
+	identifies bool
+	// Replays seen, with and without the header; examples of the latter;
+	// first answers wrongly marked as replays.
+	markedReplays, unmarkedReplays int
+	unmarked                       []string
+	markFailures                   int
+}
+
+func newChecker(cfg Config, rep *verdict.Report, progress io.Writer) (*checker, error) {
+	if rep == nil {
+		return nil, errors.New("blackbox: nil report")
+	}
+	u, err := url.Parse(cfg.Target)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return nil, fmt.Errorf("blackbox: target %q is not an http(s) URL", cfg.Target)
+	}
+	if len(cfg.Headers) == 0 {
+		cfg.Headers = []http.Header{{}}
+	}
+	if cfg.BodyTemplate == "" {
+		cfg.BodyTemplate = DefaultBodyTemplate
+	}
+	if cfg.ConflictStatus == 0 {
+		cfg.ConflictStatus = http.StatusUnprocessableEntity
+	}
+	if cfg.Concurrency <= 0 {
+		cfg.Concurrency = 16
+	}
+	if cfg.Requests <= 0 {
+		cfg.Requests = 20
+	}
+	if cfg.Timeout <= 0 {
+		cfg.Timeout = 10 * time.Second
+	}
+	if cfg.ConflictStatus < 100 || cfg.ConflictStatus > 599 {
+		return nil, fmt.Errorf("blackbox: conflict status %d is not an HTTP status", cfg.ConflictStatus)
+	}
+	if progress == nil {
+		progress = io.Discard
+	}
+	var id [4]byte
+	if _, err := rand.Read(id[:]); err != nil {
+		return nil, err
+	}
+	c := &checker{
+		cfg: cfg, target: u, rep: rep, progress: progress, runID: hex.EncodeToString(id[:]),
+		rng: mrand.New(mrand.NewPCG(uint64(cfg.Seed), 0x69646d636865636b)),
+		client: &http.Client{
+			Timeout: cfg.Timeout,
+			Transport: &http.Transport{
+				Proxy:               nil,
+				MaxIdleConnsPerHost: cfg.Concurrency,
+				IdleConnTimeout:     30 * time.Second,
+			},
+			CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
+		},
+	}
+	if sample := c.render("sample", 0); !json.Valid(sample) {
+		return nil, fmt.Errorf("blackbox: body template does not render valid JSON: %s", sample)
+	}
+	return c, nil
+}
+
+func (c *checker) logf(format string, args ...any) {
+	fmt.Fprintf(c.progress, format+"\n", args...)
+}
+
+// request is one logical request: a fresh key and body.
+type request struct {
+	key  string
+	body []byte
+}
+
+// next returns a fresh logical request.
+func (c *checker) next() request {
+	c.mu.Lock()
+	c.seq++
+	seq := c.seq
+	r := c.rng.Uint64()
+	c.mu.Unlock()
+	unique := fmt.Sprintf("ic-%s-%d-%x", c.runID, seq, r&0xffffff)
+	return request{key: fmt.Sprintf("idemcheck-%s-%d", c.runID, seq), body: c.render(unique, seq)}
+}
+
+// reshape returns req's key with a new body, fresh like next's.
+func (c *checker) reshape(req request) request {
+	return request{key: req.key, body: c.next().body}
+}
+
+func (c *checker) render(unique string, seq int) []byte {
+	return []byte(strings.NewReplacer("{{unique}}", unique, "{{seq}}", strconv.Itoa(seq)).Replace(c.cfg.BodyTemplate))
+}
+
+// reply is what the target answered.
+type reply struct {
+	status int
+	header http.Header
+	body   []byte
+}
+
+func (r reply) ok() bool { return r.status >= 200 && r.status < 300 }
+
+// replayed reports whether the reply is marked as a replay.
+func (r reply) replayed() bool {
+	v := strings.TrimSpace(r.header.Get(ReplayedHeader))
+	return strings.EqualFold(v, "true") || v == "?1"
+}
+
+func (r reply) same(o reply) bool { return r.status == o.status && bytes.Equal(r.body, o.body) }
+
+// String is the reply for an example: status, mark and body, shortened.
+func (r reply) String() string {
+	mark := ""
+	if r.replayed() {
+		mark = " (replayed)"
+	}
+	return fmt.Sprintf("%d%s %s", r.status, mark, short(r.body))
+}
+
+func short(b []byte) string {
+	s := strings.TrimSpace(string(b))
+	if len(s) > 120 {
+		s = s[:117] + "..."
+	}
+	return strconv.Quote(s)
+}
+
+// quoteKey is key as an RFC 8941 sf-string, the draft's form of the field.
+func quoteKey(key string) string { return `"` + key + `"` }
+
+// post sends req with the credential set hdr through the HTTP client.
+func (c *checker) post(ctx context.Context, hdr http.Header, req request) (reply, error) {
+	hr, err := http.NewRequestWithContext(ctx, http.MethodPost, c.target.String(), bytes.NewReader(req.body))
+	if err != nil {
+		return reply{}, err
+	}
+	for k, vs := range hdr {
+		hr.Header[http.CanonicalHeaderKey(k)] = append([]string(nil), vs...)
+	}
+	if h := hr.Header.Get("Host"); h != "" {
+		hr.Host = h
+		hr.Header.Del("Host")
+	}
+	if hr.Header.Get("Content-Type") == "" {
+		hr.Header.Set("Content-Type", "application/json")
+	}
+	hr.Header.Set("Idempotency-Key", quoteKey(req.key))
+	resp, err := c.client.Do(hr)
+	if err != nil {
+		return reply{}, err
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(io.LimitReader(resp.Body, maxBody))
+	if err != nil {
+		return reply{}, fmt.Errorf("reading the response: %w", err)
+	}
+	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, maxBody))
+	return reply{status: resp.StatusCode, header: resp.Header, body: body}, nil
+}
+
+// settle sends req, and again while the target answers 409 (in flight),
+// for up to wait. It reports whether a 409 was seen.
+func (c *checker) settle(ctx context.Context, hdr http.Header, req request, wait time.Duration) (reply, bool, error) {
+	deadline := time.Now().Add(wait)
+	saw409 := false
+	for {
+		r, err := c.post(ctx, hdr, req)
+		if err != nil || r.status != http.StatusConflict || time.Now().After(deadline) {
+			return r, saw409, err
+		}
+		saw409 = true
+		if !sleep(ctx, 50*time.Millisecond) {
+			return r, saw409, ctx.Err()
+		}
+	}
+}
+
+func sleep(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
+	}
+}
+
+// rawRequest is req as bytes on the wire, with the Idempotency-Key field
+// values given as they are (one field per value), so that values net/http
+// would refuse to send can be sent.
+func (c *checker) rawRequest(hdr http.Header, keyValues []string, body []byte) []byte {
+	var b bytes.Buffer
+	host := c.target.Host
+	if h := hdr.Get("Host"); h != "" {
+		host = h
+	}
+	fmt.Fprintf(&b, "POST %s HTTP/1.1\r\nHost: %s\r\n", c.target.RequestURI(), host)
+	hasType := false
+	for k, vs := range hdr {
+		switch http.CanonicalHeaderKey(k) {
+		case "Host", "Content-Length", "Connection", "Idempotency-Key", "Transfer-Encoding":
+			continue
+		case "Content-Type":
+			hasType = true
+		}
+		for _, v := range vs {
+			fmt.Fprintf(&b, "%s: %s\r\n", k, v)
+		}
+	}
+	if !hasType {
+		b.WriteString("Content-Type: application/json\r\n")
+	}
+	for _, v := range keyValues {
+		fmt.Fprintf(&b, "Idempotency-Key: %s\r\n", v)
+	}
+	fmt.Fprintf(&b, "Content-Length: %d\r\nConnection: close\r\n\r\n", len(body))
+	b.Write(body)
+	return b.Bytes()
+}
+
+// dial opens a connection to the target, TLS for https.
+func (c *checker) dial(ctx context.Context) (net.Conn, error) {
+	host := c.target.Host
+	if c.target.Port() == "" {
+		port := "80"
+		if c.target.Scheme == "https" {
+			port = "443"
+		}
+		host = net.JoinHostPort(c.target.Hostname(), port)
+	}
+	d := net.Dialer{Timeout: c.cfg.Timeout}
+	conn, err := d.DialContext(ctx, "tcp", host)
+	if err != nil {
+		return nil, err
+	}
+	if c.target.Scheme == "https" {
+		tc := tls.Client(conn, &tls.Config{ServerName: c.target.Hostname(), NextProtos: []string{"http/1.1"}})
+		hctx, cancel := context.WithTimeout(ctx, c.cfg.Timeout)
+		defer cancel()
+		if err := tc.HandshakeContext(hctx); err != nil {
+			conn.Close()
+			return nil, err
+		}
+		conn = tc
+	}
+	return conn, nil
+}
+
+// exchangeRaw writes raw on a new connection and reads the answer.
+func (c *checker) exchangeRaw(ctx context.Context, raw []byte) (reply, error) {
+	conn, err := c.dial(ctx)
+	if err != nil {
+		return reply{}, err
+	}
+	defer conn.Close()
+	_ = conn.SetDeadline(time.Now().Add(c.cfg.Timeout))
+	stop := context.AfterFunc(ctx, func() { _ = conn.SetDeadline(time.Now()) })
+	defer stop()
+	if _, err := conn.Write(raw); err != nil {
+		return reply{}, err
+	}
+	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+	if err != nil {
+		return reply{}, err
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(io.LimitReader(resp.Body, maxBody))
+	if err != nil {
+		return reply{}, fmt.Errorf("reading the response: %w", err)
+	}
+	return reply{status: resp.StatusCode, header: resp.Header, body: body}, nil
+}
+
+// sendAndDrop writes raw on a new connection and closes it without reading
+// anything: the answer, if the target sends one, is lost.
+func (c *checker) sendAndDrop(ctx context.Context, raw []byte) error {
+	conn, err := c.dial(ctx)
+	if err != nil {
+		return err
+	}
+	_ = conn.SetDeadline(time.Now().Add(c.cfg.Timeout))
+	_, err = conn.Write(raw)
+	if cerr := conn.Close(); err == nil {
+		err = cerr
+	}
+	return err
+}
+
+// sendAndCut writes raw, waits for the status line of the answer and closes
+// the connection with the rest unread. It returns the status.
+func (c *checker) sendAndCut(ctx context.Context, raw []byte) (int, error) {
+	conn, err := c.dial(ctx)
+	if err != nil {
+		return 0, err
+	}
+	defer conn.Close()
+	_ = conn.SetDeadline(time.Now().Add(c.cfg.Timeout))
+	if _, err := conn.Write(raw); err != nil {
+		return 0, err
+	}
+	line, err := bufio.NewReader(conn).ReadString('\n')
+	if err != nil {
+		return 0, fmt.Errorf("reading the status line: %w", err)
+	}
+	f := strings.Fields(line)
+	if len(f) < 2 {
+		return 0, fmt.Errorf("malformed status line %q", line)
+	}
+	status, err := strconv.Atoi(f[1])
+	if err != nil {
+		return 0, fmt.Errorf("malformed status line %q", line)
+	}
+	return status, nil
+}
+
+// sendAndLeave writes raw, shuts the connection's sending side (to the
+// target, the client has gone) and reads whatever answer still comes.
+func (c *checker) sendAndLeave(ctx context.Context, raw []byte) (reply, error) {
+	conn, err := c.dial(ctx)
+	if err != nil {
+		return reply{}, err
+	}
+	defer conn.Close()
+	_ = conn.SetDeadline(time.Now().Add(c.cfg.Timeout))
+	if _, err := conn.Write(raw); err != nil {
+		return reply{}, err
+	}
+	if cw, ok := conn.(interface{ CloseWrite() error }); ok {
+		if err := cw.CloseWrite(); err != nil {
+			return reply{}, err
+		}
+	}
+	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+	if err != nil {
+		// The target dropped the connection without an answer: what it
+		// did is unknown.
+		return reply{}, nil
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(io.LimitReader(resp.Body, maxBody))
+	if err != nil {
+		return reply{}, nil
+	}
+	return reply{status: resp.StatusCode, header: resp.Header, body: body}, nil
+}

@@ -1,0 +1,444 @@
+package blackbox
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"net/http"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+)
+
+// lostWait is how long the lost-response check waits before the retry, so
+// that the dropped request has reached the target.
+const lostWait = 150 * time.Millisecond
+
+func (c *checker) creds() http.Header { return c.cfg.Headers[0] }
+
+// fresh records the answer to a request with a fresh key.
+func (c *checker) fresh(req request, r reply) {
+	c.rep.Check(CheckFresh, r.ok(), "key %s: a fresh key answered %s, want 2xx", req.key, r)
+	if r.replayed() {
+		c.mu.Lock()
+		c.markFailures++
+		c.mu.Unlock()
+		c.rep.Fail(CheckMarked, "key %s: the first answer to a fresh key is marked as a replay: %s", req.key, r)
+	}
+}
+
+// sawReplay records a reply known to be a replay of an earlier answer, for
+// CheckMarked, which is decided at the end of the run (see finishMarked).
+func (c *checker) sawReplay(req request, r reply) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if r.replayed() {
+		c.markedReplays++
+		return
+	}
+	c.unmarkedReplays++
+	if len(c.unmarked) < 5 {
+		c.unmarked = append(c.unmarked, fmt.Sprintf("key %s: a replay without %s: true: %s", req.key, ReplayedHeader, r))
+	}
+}
+
+// finishMarked decides CheckMarked: a target that never marks replays is
+// skipped (the header is a convention, not the draft); one that marks some
+// replays must mark them all.
+func (c *checker) finishMarked() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	switch {
+	case c.markedReplays+c.unmarkedReplays == 0 && c.markFailures == 0:
+		c.rep.Skip(CheckMarked, "no replay was observed")
+	case c.markedReplays == 0 && c.markFailures == 0:
+		c.rep.Skip(CheckMarked, fmt.Sprintf("none of %d retries answered like the first carried %s: true (the draft "+
+			"does not require it, but without it a replay cannot be told from a new execution)", c.unmarkedReplays, ReplayedHeader))
+	default:
+		for range c.markedReplays {
+			c.rep.Pass(CheckMarked)
+		}
+		for i := range c.unmarkedReplays {
+			ex := "a replay without the header"
+			if i < len(c.unmarked) {
+				ex = c.unmarked[i]
+			}
+			c.rep.Fail(CheckMarked, "%s", ex)
+		}
+	}
+}
+
+// preflight reaches the target (an error if it cannot) and finds out
+// whether its answers identify executions: one body under two fresh keys.
+func (c *checker) preflight(ctx context.Context) error {
+	a := c.next()
+	ra, err := c.post(ctx, c.creds(), a)
+	if err != nil {
+		return fmt.Errorf("blackbox: target %s unreachable: %w", c.target.Redacted(), err)
+	}
+	c.fresh(a, ra)
+	b := request{key: c.next().key, body: a.body}
+	rb, err := c.post(ctx, c.creds(), b)
+	if err != nil {
+		return fmt.Errorf("blackbox: target %s unreachable: %w", c.target.Redacted(), err)
+	}
+	c.fresh(b, rb)
+	c.identifies = !(ra.ok() && rb.ok() && bytes.Equal(ra.body, rb.body))
+	if !c.identifies {
+		c.logf("note: two executions of one body answered the same bytes; double execution is invisible")
+	}
+	return nil
+}
+
+// checkRetry: the same key and body, sent after the first answer arrived,
+// get the same status and body.
+func (c *checker) checkRetry(ctx context.Context) {
+	for range c.cfg.Requests {
+		if ctx.Err() != nil {
+			return
+		}
+		req := c.next()
+		r1, err := c.post(ctx, c.creds(), req)
+		if err != nil {
+			c.rep.Fail(CheckRetry, "key %s: first request failed: %v", req.key, err)
+			continue
+		}
+		c.fresh(req, r1)
+		if r1.status >= 500 {
+			continue // not stored by design (a retry may run again); CheckFresh has it
+		}
+		r2, err := c.post(ctx, c.creds(), req)
+		if err != nil {
+			c.rep.Fail(CheckRetry, "key %s: retry failed: %v", req.key, err)
+			continue
+		}
+		if c.rep.Check(CheckRetry, r2.same(r1), "key %s: first answer %s, retry %s", req.key, r1, r2) {
+			c.sawReplay(req, r2)
+		}
+	}
+}
+
+// checkConcurrent: duplicates released together yield at most one distinct
+// 2xx body, and a later retry replays it.
+func (c *checker) checkConcurrent(ctx context.Context) {
+	if !c.identifies {
+		c.rep.Skip(CheckConcurrent, "two executions of one body answered identical bytes, "+
+			"so a second execution would be invisible; the target's answers must hold something unique per execution (an id)")
+		return
+	}
+	n := c.cfg.Concurrency
+	for range c.cfg.Requests {
+		if ctx.Err() != nil {
+			return
+		}
+		req := c.next()
+		replies := make([]reply, n)
+		errs := make([]error, n)
+		start := make(chan struct{})
+		var wg sync.WaitGroup
+		for i := range n {
+			wg.Go(func() {
+				<-start
+				replies[i], errs[i] = c.post(ctx, c.creds(), req)
+			})
+		}
+		close(start)
+		wg.Wait()
+
+		var problems []string
+		var successes [][]byte
+		statuses := map[int]int{}
+		for i, r := range replies {
+			if errs[i] != nil {
+				problems = append(problems, fmt.Sprintf("a duplicate failed: %v", errs[i]))
+				continue
+			}
+			statuses[r.status]++
+			switch {
+			case r.ok():
+				if !slices.ContainsFunc(successes, func(b []byte) bool { return bytes.Equal(b, r.body) }) {
+					successes = append(successes, r.body)
+				}
+			case r.status == http.StatusConflict:
+			default:
+				problems = append(problems, fmt.Sprintf("a duplicate answered %s, want 2xx or 409", r))
+			}
+		}
+		if len(successes) > 1 {
+			ex := make([]string, 0, 3)
+			for _, b := range successes[:min(3, len(successes))] {
+				ex = append(ex, short(b))
+			}
+			problems = append(problems, fmt.Sprintf("%d distinct 2xx bodies, so it ran at least %d times: %s",
+				len(successes), len(successes), strings.Join(ex, ", ")))
+		}
+		if len(successes) == 0 && len(problems) == 0 {
+			problems = append(problems, "none of the duplicates succeeded")
+		}
+		if len(successes) == 1 {
+			f, _, err := c.settle(ctx, c.creds(), req, c.cfg.Timeout)
+			switch {
+			case err != nil:
+				problems = append(problems, fmt.Sprintf("the retry after the burst failed: %v", err))
+			case !f.ok() || !bytes.Equal(f.body, successes[0]):
+				problems = append(problems, fmt.Sprintf("the retry after the burst answered %s, not the burst's %s", f, short(successes[0])))
+			default:
+				c.sawReplay(req, f)
+			}
+		}
+		if len(problems) == 0 {
+			c.rep.Pass(CheckConcurrent)
+			continue
+		}
+		c.rep.Fail(CheckConcurrent, "key %s, %d concurrent requests (statuses %s): %s",
+			req.key, n, statusCounts(statuses), strings.Join(problems, "; "))
+	}
+}
+
+func statusCounts(m map[int]int) string {
+	codes := make([]int, 0, len(m))
+	for code := range m {
+		codes = append(codes, code)
+	}
+	slices.Sort(codes)
+	parts := make([]string, 0, len(codes))
+	for _, code := range codes {
+		parts = append(parts, fmt.Sprintf("%d×%d", m[code], code))
+	}
+	return strings.Join(parts, " ")
+}
+
+// checkPayload: the same key with another body is rejected with
+// ConflictStatus, and the original body still replays its first answer.
+func (c *checker) checkPayload(ctx context.Context) {
+	if probe := c.next(); bytes.Equal(probe.body, c.reshape(probe).body) {
+		c.rep.Skip(CheckPayload, "the body template has neither {{unique}} nor {{seq}}, so no second payload can be made")
+		return
+	}
+	for range c.cfg.Requests {
+		if ctx.Err() != nil {
+			return
+		}
+		req := c.next()
+		r1, err := c.post(ctx, c.creds(), req)
+		if err != nil {
+			c.rep.Fail(CheckPayload, "key %s: first request failed: %v", req.key, err)
+			continue
+		}
+		c.fresh(req, r1)
+		if !r1.ok() {
+			continue // nothing stored to conflict with; CheckFresh has it
+		}
+		alt := c.reshape(req)
+		r2, err := c.post(ctx, c.creds(), alt)
+		if err != nil {
+			c.rep.Fail(CheckPayload, "key %s: the request with a different body failed: %v", req.key, err)
+			continue
+		}
+		if !c.rep.Check(CheckPayload, r2.status == c.cfg.ConflictStatus,
+			"key %s: a different body answered %s, want %d (first answer %s)", req.key, r2, c.cfg.ConflictStatus, r1) {
+			continue
+		}
+		r3, err := c.post(ctx, c.creds(), req)
+		if err != nil {
+			c.rep.Fail(CheckPayload, "key %s: the original body after the conflict failed: %v", req.key, err)
+			continue
+		}
+		c.rep.Check(CheckPayload, r3.same(r1), "key %s: the original body after the conflict answered %s, not the first %s",
+			req.key, r3, r1)
+	}
+}
+
+// checkMalformed: malformed keys get 400, and the target still serves a
+// valid request afterwards. The requests go on raw connections, since
+// net/http refuses to send some of these values.
+func (c *checker) checkMalformed(ctx context.Context) {
+	base := c.next().key
+	long := base + "-" + strings.Repeat("x", max(0, 256-len(base)-1))
+	cases := []struct{ what, value string }{
+		{"empty", ""},
+		{"a list", `"` + base + `-a", "` + base + `-b"`},
+		{"parameters", `"` + base + `-p";p=1`},
+		{"a broken sf-string", `"` + base + `-q`},
+		{"256 characters", `"` + long + `"`},
+		{"a control character", `"` + base + "\x01c" + `"`},
+	}
+	c.mu.Lock()
+	c.rng.Shuffle(len(cases), func(i, j int) { cases[i], cases[j] = cases[j], cases[i] })
+	c.mu.Unlock()
+	for _, tc := range cases {
+		if ctx.Err() != nil {
+			return
+		}
+		r, err := c.exchangeRaw(ctx, c.rawRequest(c.creds(), []string{tc.value}, c.next().body))
+		if err != nil {
+			c.rep.Fail(CheckMalformed, "Idempotency-Key %s (%s): request failed: %v", strconv.Quote(tc.value), tc.what, err)
+			continue
+		}
+		c.rep.Check(CheckMalformed, r.status == http.StatusBadRequest,
+			"Idempotency-Key %s (%s) answered %s, want 400", strconv.Quote(shorten(tc.value)), tc.what, r)
+	}
+	req := c.next()
+	r, err := c.post(ctx, c.creds(), req)
+	if err != nil {
+		c.rep.Fail(CheckMalformed, "a valid request after the malformed ones failed: %v", err)
+		return
+	}
+	c.rep.Check(CheckMalformed, r.ok(), "key %s: a valid request after the malformed ones answered %s, want 2xx", req.key, r)
+}
+
+func shorten(s string) string {
+	if len(s) > 60 {
+		return s[:40] + "..." + s[len(s)-10:]
+	}
+	return s
+}
+
+// The ways a response is lost, taken in turn by checkLost.
+const (
+	// cutAfterSend closes the connection as soon as the request is written:
+	// the target may see the client gone before it starts, and may then
+	// rightly not run the request at all.
+	cutAfterSend = iota
+	// cutAfterStatus waits for the status line, then closes with the rest
+	// unread: the target has run the request and is answering.
+	cutAfterStatus
+	// leftWhileRunning half-closes the connection after the request (the
+	// target sees the client leave while it runs) and still reads the
+	// answer, which the client is taken never to have received: the retry
+	// can be compared with what the target really answered.
+	leftWhileRunning
+	lostVariants
+)
+
+var lostNames = [lostVariants]string{"closed after sending", "closed after the status line", "left while it ran"}
+
+// checkLost: a request whose answer is lost on the way back is followed by
+// a retry that replays it rather than runs again.
+func (c *checker) checkLost(ctx context.Context) {
+	c.mu.Lock()
+	marks := c.markedReplays > 0
+	c.mu.Unlock()
+	n := max(min(c.cfg.Requests, 6), lostVariants)
+	inconclusive := 0
+	for i := range n {
+		if ctx.Err() != nil {
+			return
+		}
+		variant := i % lostVariants
+		req := c.next()
+		raw := c.rawRequest(c.creds(), []string{quoteKey(req.key)}, req.body)
+		var (
+			first reply // what the target answered, where it is known
+			err   error
+		)
+		switch variant {
+		case cutAfterSend:
+			err = c.sendAndDrop(ctx, raw)
+		case cutAfterStatus:
+			first.status, err = c.sendAndCut(ctx, raw)
+		case leftWhileRunning:
+			first, err = c.sendAndLeave(ctx, raw)
+		}
+		if err != nil {
+			c.rep.Fail(CheckLost, "key %s (%s): sending the request failed: %v", req.key, lostNames[variant], err)
+			continue
+		}
+		if variant == cutAfterSend && !sleep(ctx, lostWait) {
+			return
+		}
+		r, saw409, err := c.settle(ctx, c.creds(), req, c.cfg.Timeout)
+		if err != nil {
+			c.rep.Fail(CheckLost, "key %s (%s): the retry failed: %v", req.key, lostNames[variant], err)
+			continue
+		}
+		if r.status == http.StatusConflict {
+			c.rep.Fail(CheckLost, "key %s (%s): the retry was still answered 409 after %v: %s",
+				req.key, lostNames[variant], c.cfg.Timeout, r)
+			continue
+		}
+		ran := first.status != 0 && first.status < 500 // the lost request ran, and its answer is stored by design
+		switch {
+		case variant == leftWhileRunning && ran && c.identifies:
+			c.rep.Check(CheckLost, r.same(first), "key %s (%s): the target answered %s to the request, "+
+				"but the retry %s: it ran again", req.key, lostNames[variant], first, r)
+		case r.replayed():
+			c.rep.Pass(CheckLost)
+		case ran && r.status >= 500:
+			c.rep.Fail(CheckLost, "key %s (%s): the target had begun answering %d, but the retry answered %s instead of a replay",
+				req.key, lostNames[variant], first.status, r)
+		case ran && marks:
+			c.rep.Fail(CheckLost, "key %s (%s): the target had begun answering %d, but the retry answered %s "+
+				"without %s, though the target marks its replays: it ran again",
+				req.key, lostNames[variant], first.status, r, ReplayedHeader)
+		case saw409 && r.status < 500:
+			c.rep.Pass(CheckLost) // the lost request held the key; this is its answer
+		default:
+			// Either the lost request never ran (a target may refuse work
+			// for a client that is gone) or nothing tells a replay here.
+			inconclusive++
+		}
+	}
+	if inconclusive == n {
+		c.rep.Skip(CheckLost, fmt.Sprintf("no retry could be judged: the target neither marked a replay with %s "+
+			"nor let a lost request's answer be compared with the retry's", ReplayedHeader))
+	}
+}
+
+// checkScope: the same key under two credential sets runs for each, and
+// neither gets the other's answer.
+func (c *checker) checkScope(ctx context.Context) {
+	if len(c.cfg.Headers) < 2 {
+		c.rep.Skip(CheckScope, "only one credential set; give a second one to check that callers never share a key")
+		return
+	}
+	if !c.identifies {
+		c.rep.Skip(CheckScope, "two executions of one body answered identical bytes, "+
+			"so one caller's answer cannot be told from the other's")
+		return
+	}
+	h0, h1 := c.cfg.Headers[0], c.cfg.Headers[1]
+	for range min(c.cfg.Requests, 10) {
+		if ctx.Err() != nil {
+			return
+		}
+		req := c.next()
+		a, err := c.post(ctx, h0, req)
+		if err != nil {
+			c.rep.Fail(CheckScope, "key %s: the first caller's request failed: %v", req.key, err)
+			continue
+		}
+		c.fresh(req, a)
+		if !a.ok() {
+			continue
+		}
+		b, err := c.post(ctx, h1, req)
+		if err != nil {
+			c.rep.Fail(CheckScope, "key %s: the second caller's request failed: %v", req.key, err)
+			continue
+		}
+		var problems []string
+		switch {
+		case b.same(a):
+			problems = append(problems, fmt.Sprintf("the second caller got the first caller's answer %s", b))
+		case b.replayed():
+			problems = append(problems, fmt.Sprintf("the second caller's first request was answered as a replay: %s", b))
+		case !b.ok():
+			problems = append(problems, fmt.Sprintf("the second caller's first request answered %s, want 2xx: the key is shared", b))
+		}
+		a2, err := c.post(ctx, h0, req)
+		switch {
+		case err != nil:
+			problems = append(problems, fmt.Sprintf("the first caller's retry failed: %v", err))
+		case !a2.same(a):
+			problems = append(problems, fmt.Sprintf("the first caller's retry answered %s, not its own %s", a2, a))
+		}
+		if len(problems) == 0 {
+			c.rep.Pass(CheckScope)
+			continue
+		}
+		c.rep.Fail(CheckScope, "key %s: %s", req.key, strings.Join(problems, "; "))
+	}
+}

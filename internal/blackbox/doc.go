@@ -1,0 +1,67 @@
+// Package blackbox is idemcheck's black-box mode: it checks, from the
+// outside, that an HTTP endpoint claiming Idempotency-Key support really
+// runs each keyed request at most once and replays its first answer.
+//
+// Run sends JSON POSTs to Config.Target, each logical request with a fresh
+// key and a body rendered from Config.BodyTemplate ({{unique}} becomes a
+// value unique to the run and the request, {{seq}} its sequence number), and
+// records what it sees in a verdict.Report under these checks:
+//
+//   - CheckFresh: a fresh key with a valid body gets a 2xx. Not a property of
+//     idempotency, but without it the others cannot be judged.
+//   - CheckRetry: the same key and body sent again, after the first answer
+//     arrived, gets the same status and body.
+//   - CheckMarked: replays carry Idempotent-Replayed: true and first answers
+//     do not. The draft does not require the header, so a target that never
+//     sends it gets a skip with the reason, not a failure; one that sends it
+//     on some replays only, or on a first answer, fails.
+//   - CheckConcurrent: Config.Concurrency requests with one key, released
+//     together, yield at most one distinct 2xx body; the others are replays
+//     of it or 409 (in flight). A later retry replays that body.
+//   - CheckPayload: the same key with another body gets Config.ConflictStatus
+//     (422 unless set).
+//   - CheckMalformed: malformed Idempotency-Key values (empty, a list,
+//     parameters, a broken sf-string, 256 characters, a control character)
+//     get 400, and a valid request with a fresh key still works after them.
+//   - CheckLost: a request whose answer is lost on the way back is followed
+//     by a retry that replays it rather than runs again. The answer is lost
+//     in three ways, in turn, on raw connections: closed as soon as the
+//     request is written; closed (with a reset) once the status line came;
+//     and half-closed after the request, so that the target sees its client
+//     leave while it runs, with the answer read all the same for comparison.
+//   - CheckScope: the same key under Config.Headers[0] and [1] (two
+//     credential sets) runs twice, independently: neither gets the other's
+//     answer. Skipped with one credential set.
+//
+// # What a black box can see
+//
+// Double execution is visible only in the responses. Run tells two
+// executions apart by their bodies, so the target must answer something
+// unique per execution, as a created resource's id is. Before the checks
+// Run sends one body under two fresh keys; if both answers are identical,
+// the target's responses do not identify executions: CheckConcurrent and
+// CheckScope are skipped with that reason, and CheckLost compares no
+// answers. A server that runs a request twice and answers the same bytes
+// both times cannot be caught this way.
+//
+// A lost response is never seen by the client it was meant for, so the
+// retry after it is judged by what can be known. After a half-close the
+// answer the target gave is read anyway and the retry must equal it. After
+// a status line the request is known to have run, so the retry must be
+// marked Idempotent-Replayed if CheckRetry showed that the target marks its
+// replays. After a close right after sending, the target may rightly not
+// run the request at all (it may see the client gone first, as idemhttp
+// does when its store refuses a cancelled request), so an unmarked retry
+// proves nothing; a 409 (the lost request still holds the key) followed by
+// an answer, or a marked replay, counts as held. Retries that cannot be
+// judged are left out; if none can, the check is skipped with the reason.
+//
+// Keys and unique values hold a random run id, so that runs against a
+// server that keeps its records never collide; Config.Seed drives the rest
+// (the order of the malformed keys, the values' random part), so a run is
+// repeatable apart from the run id.
+//
+// Run returns an error only when checking is impossible: an invalid Config,
+// or a target that cannot be reached at all. Everything the target does
+// wrong goes into the report.
+package blackbox
