@@ -21,6 +21,11 @@
 // may only collect garbage. Times are compared with a tolerance of one
 // millisecond, so engines may store milliseconds.
 //
+// Outside of go test. Clauses and UnavailableClauses return the same
+// clauses for Clause.Check, which reports failures as an error instead of
+// failing a testing.T (as testing/fstest.TestFS does): idemcheck -store
+// certifies a live store with them.
+//
 // Isolation. New is called once per subtest and must return a store with a
 // fresh namespace, but every subtest also uses keys of its own, so a
 // harness that hands out one shared store works too. Subtests do not run in
@@ -104,7 +109,12 @@ func Run(t *testing.T, h Harness) {
 		if h.Broken == nil {
 			t.Skip("idemtest: no Harness.Broken; the Unavailable clauses are not checked")
 		}
-		runUnavailable(t, h.Broken)
+		for _, c := range unavailableClauses {
+			t.Run(c.name, func(t *testing.T) {
+				t.Parallel()
+				c.fn(newEnv(t, "Unavailable/"+c.name, h.Broken(t)))
+			})
+		}
 	})
 }
 
@@ -139,18 +149,20 @@ var runID = func() string {
 
 var keySeq atomic.Uint64
 
-// env is one subtest's view: its store, its clause, a base time.
+// env is one clause's view: where its failures go, its store, its clause, a
+// base time.
 type env struct {
-	t      *testing.T
+	t      TB
 	clause string
 	s      idempotency.Store
 	ctx    context.Context
 	t0     time.Time
 }
 
-func newEnv(t *testing.T, clause string, s idempotency.Store) *env {
+func newEnv(t TB, clause string, s idempotency.Store) *env {
+	t.Helper()
 	if s == nil {
-		t.Fatalf("%s: Harness.New returned a nil store", clause)
+		t.Fatalf("%s: the harness returned a nil store", clause)
 	}
 	return &env{t: t, clause: clause, s: s, ctx: context.Background(),
 		t0: time.Now().Truncate(time.Millisecond)}

@@ -176,3 +176,50 @@ func (b *buggy) Delete(ctx context.Context, key string) error {
 func BenchmarkMemoryStore(b *testing.B) {
 	idemtest.BenchmarkStore(b, idempotency.NewMemoryStore())
 }
+
+// TestClauseCheck runs the clauses the way idemcheck does, without a
+// testing.T: they hold on a MemoryStore, and the clause a bug breaks
+// reports it as an error naming the clause.
+func TestClauseCheck(t *testing.T) {
+	ctx := context.Background()
+	clauses := idemtest.Clauses()
+	if len(clauses) < 40 {
+		t.Fatalf("Clauses() = %d clauses, want the whole suite", len(clauses))
+	}
+	s := idempotency.NewMemoryStore()
+	for _, c := range clauses {
+		if err := c.Check(ctx, s); err != nil {
+			t.Errorf("%s on a MemoryStore: %v", c.Name, err)
+		}
+	}
+	for _, b := range bugs {
+		if strings.HasPrefix(b.clause, "Unavailable/") {
+			continue
+		}
+		var c idemtest.Clause
+		for _, cl := range clauses {
+			if cl.Name == b.clause {
+				c = cl
+			}
+		}
+		err := c.Check(ctx, &buggy{Store: idempotency.NewMemoryStore(), bug: b.name})
+		if err == nil || !strings.Contains(err.Error(), b.clause) {
+			t.Errorf("bug %q: Check of %s = %v, want an error naming the clause", b.name, b.clause, err)
+		}
+	}
+	broken := idempotency.NewMemoryStore()
+	broken.Fault = func(string) error { return errors.New("down") }
+	for _, c := range idemtest.UnavailableClauses() {
+		if err := c.Check(ctx, broken); err != nil {
+			t.Errorf("%s on a failing MemoryStore: %v", c.Name, err)
+		}
+		if err := c.Check(ctx, idempotency.NewMemoryStore()); err == nil {
+			t.Errorf("%s on a working MemoryStore passed, want a failure", c.Name)
+		}
+	}
+	cctx, cancel := context.WithCancel(ctx)
+	cancel()
+	if err := clauses[0].Check(cctx, idempotency.NewMemoryStore()); !errors.Is(err, context.Canceled) {
+		t.Errorf("Check with a cancelled ctx = %v, want context.Canceled", err)
+	}
+}
