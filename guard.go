@@ -164,7 +164,8 @@ func (g *Guard) Run(ctx context.Context, key, fingerprint string, fn func(contex
 	if err != nil {
 		return Result{Outcome: Unavailable}, fmt.Errorf("%w: %w", ErrUnavailable, err)
 	}
-	rec, claimed, err := g.Store.Begin(ctx, key, fingerprint, g.now(), cfg.lease, cfg.retention)
+	now := g.now()
+	rec, claimed, err := g.Store.Begin(ctx, key, fingerprint, now, cfg.lease, cfg.retention)
 	if err != nil {
 		return Result{Outcome: Unavailable}, unavailable("begin", err)
 	}
@@ -178,15 +179,23 @@ func (g *Guard) Run(ctx context.Context, key, fingerprint string, fn func(contex
 			return Result{Outcome: InFlight, LeaseUntil: rec.LeaseUntil}, ErrInFlight
 		}
 	}
-	return g.execute(ctx, cfg, key, rec.Token, fn)
+	return g.execute(ctx, cfg, key, rec.Token, now, fn)
 }
 
-func (g *Guard) execute(ctx context.Context, cfg config, key string, token uint64, fn func(context.Context) (Response, error)) (res Result, err error) {
+// execute runs fn for the claim named by token, taken at now by the
+// Guard's clock.
+func (g *Guard) execute(ctx context.Context, cfg config, key string, token uint64, now time.Time, fn func(context.Context) (Response, error)) (res Result, err error) {
 	res = Result{Outcome: Executed, Token: token}
 	c := &claimCtx{Context: ctx, token: token}
 	var r *renewer
 	if cfg.renewEvery > 0 {
-		r = startRenewer(g, cfg, c, key)
+		// The renewer keeps its deadline on the local clock: the Guard's
+		// reading serves when the Guard uses the local clock.
+		local := now
+		if g.Now != nil {
+			local = time.Now()
+		}
+		r = startRenewer(g, cfg, c, key, local)
 	}
 	// Writes after fn must not be cut short by the caller going away: the
 	// side effect has happened and its result must be stored (or the key
@@ -197,25 +206,25 @@ func (g *Guard) execute(ctx context.Context, cfg config, key string, token uint6
 	}
 	finished := false
 	defer func() {
+		if finished {
+			return
+		}
+		// fn panicked (or called runtime.Goexit): nothing is stored and the
+		// key is given back so the retry does not wait for the lease. The
+		// panic goes on with its original stack.
 		if r != nil {
 			r.stop()
 		}
-		c.detach()
-		if !finished {
-			// fn panicked (or called runtime.Goexit): nothing is stored and
-			// the key is given back so the retry does not wait for the
-			// lease. The panic goes on with its original stack.
-			_ = g.Store.Release(wctx, key, token)
-		}
+		c.finish()
+		_ = g.Store.Release(wctx, key, token)
 	}()
 	resp, ferr := fn(c)
 	finished = true
 	res.Response = resp
 	if r != nil {
 		r.stop()
-		r = nil // stop returned it to the pool; the deferred call must not touch it
 	}
-	if c.leaseLost() {
+	if c.finish() {
 		return res, fmt.Errorf("idempotency: result not stored: %w", ErrLeaseLost)
 	}
 	if ferr != nil {
@@ -226,7 +235,7 @@ func (g *Guard) execute(ctx context.Context, cfg config, key string, token uint6
 		}
 		return res, ferr
 	}
-	now := g.now()
+	now = g.now()
 	if err := g.Store.Complete(wctx, key, token, resp, now, cfg.retention); err != nil {
 		if errors.Is(err, ErrLeaseLost) {
 			return res, fmt.Errorf("idempotency: result not stored: %w", err)
@@ -327,22 +336,20 @@ func (c *claimCtx) loseLease(proven bool) {
 	}
 }
 
-// leaseLost reports whether the store rejected a renewal. A lease that only
-// ran out on the clock is not reported: Complete's token check decides.
-func (c *claimCtx) leaseLost() bool {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.proven
-}
-
-func (c *claimCtx) detach() {
+// finish unlinks c from its parent's cancellation once fn has returned and
+// renewals have stopped, and reports whether the store rejected a renewal.
+// A lease that only ran out on the clock is not reported: Complete's token
+// check decides.
+func (c *claimCtx) finish() (leaseLost bool) {
 	c.mu.Lock()
 	stop := c.stopFn
 	c.stopFn = nil
+	leaseLost = c.proven
 	c.mu.Unlock()
 	if stop != nil {
 		stop()
 	}
+	return leaseLost
 }
 
 // renewer extends a claim's lease from a timer while fn runs. Renewers are
@@ -383,8 +390,9 @@ func newRenewer(pooled bool) *renewer {
 	return r
 }
 
-func startRenewer(g *Guard, cfg config, c *claimCtx, key string) *renewer {
-	now := time.Now()
+// startRenewer starts renewing c's claim; now is the local clock's reading
+// at the claim (time.Now).
+func startRenewer(g *Guard, cfg config, c *claimCtx, key string, now time.Time) *renewer {
 	var r *renewer
 	if now == now.Round(0) {
 		r = newRenewer(false) // inside a synctest bubble
@@ -436,7 +444,12 @@ func (r *renewer) fire() {
 	}
 	r.cancel = cancel
 	r.cancelMu.Unlock()
-	err := g.Store.Extend(ctx, r.key, c.token, g.now(), cfg.lease)
+	local := time.Now()
+	at := local
+	if g.Now != nil {
+		at = g.Now()
+	}
+	err := g.Store.Extend(ctx, r.key, c.token, at, cfg.lease)
 	r.cancelMu.Lock()
 	r.cancel = nil
 	stopping := r.stopping
@@ -450,7 +463,7 @@ func (r *renewer) fire() {
 	}
 	switch {
 	case err == nil:
-		r.deadline = time.Now().Add(cfg.lease)
+		r.deadline = local.Add(cfg.lease)
 		r.t.Reset(cfg.renewEvery)
 	case errors.Is(err, ErrLeaseLost):
 		c.loseLease(true)

@@ -77,25 +77,56 @@ type memShard struct {
 	mu   sync.Mutex
 	recs map[string]memRecord
 	exp  expiryHeap
+	slab []byte   // where small stored bodies are copied; see keepBody
 	_    [64]byte // keep hot shard locks on separate cache lines
 }
 
-// memRecord is a Record with times as Unix nanoseconds (0: zero time), so
-// that the map holds fewer pointers for the collector to scan.
+// Bodies up to slabMax bytes are copied into a shard's current slab of
+// slabSize bytes instead of an allocation of their own: a new key then costs
+// one allocation for its body every slabSize/len(body) calls. A slab is freed
+// when the last record using it is gone; records mostly leave in the order
+// they came (one retention per Guard), so slabs are freed in order too. The
+// worst case (one long-lived record per slab) holds slabSize per record.
+const (
+	slabSize = 2048
+	slabMax  = 128
+)
+
+// memState is State in one byte.
+type memState uint8
+
+const (
+	memProcessing memState = iota + 1
+	memDone
+)
+
+// memRecord is a Record with times as Unix nanoseconds (0: zero time) and
+// the state in a byte, to keep the map's slots small: a new key's cost is
+// mostly the map growing. It is held by value: no allocation per record.
 type memRecord struct {
 	fp         string
-	state      State
-	resp       Response
+	body       []byte
+	header     map[string][]string
+	status     int
 	token      uint64
 	leaseUntil int64
 	expiresAt  int64
+	// queuedAt is the time of the expiry queue entry that stands for this
+	// record (see sweep).
+	queuedAt int64
+	state    memState
 }
 
 func (r *memRecord) record(withResponse bool) Record {
-	rec := Record{Fingerprint: r.fp, State: r.state, Token: r.token,
+	rec := Record{Fingerprint: r.fp, Token: r.token,
 		LeaseUntil: unixTime(r.leaseUntil), ExpiresAt: unixTime(r.expiresAt)}
+	if r.state == memDone {
+		rec.State = Done
+	} else {
+		rec.State = Processing
+	}
 	if withResponse {
-		rec.Response = copyResponse(r.resp)
+		rec.Response = Response{Status: r.status, Body: cloneBytes(r.body), Header: copyHeader(r.header)}
 	}
 	return rec
 }
@@ -107,18 +138,57 @@ func unixTime(ns int64) time.Time {
 	return time.Unix(0, ns)
 }
 
-func copyResponse(r Response) Response {
-	out := Response{Status: r.Status}
-	if r.Body != nil {
-		out.Body = slices.Clone(r.Body)
+// cloneBytes is slices.Clone with one exact-size allocation.
+func cloneBytes(b []byte) []byte {
+	if b == nil {
+		return nil
 	}
-	if r.Header != nil {
-		out.Header = make(map[string][]string, len(r.Header))
-		for k, v := range r.Header {
-			out.Header[k] = slices.Clone(v)
+	out := make([]byte, len(b))
+	copy(out, b)
+	return out
+}
+
+// copyHeader copies h with two allocations whatever its size: the map, and
+// one array holding every value slice (each capped, so that appending to
+// one cannot overwrite the next).
+func copyHeader(h map[string][]string) map[string][]string {
+	if h == nil {
+		return nil
+	}
+	n := 0
+	for _, v := range h {
+		n += len(v)
+	}
+	vals := make([]string, n)
+	out := make(map[string][]string, len(h))
+	for k, v := range h {
+		if v == nil {
+			out[k] = nil
+			continue
 		}
+		m := copy(vals, v)
+		out[k] = vals[:m:m]
+		vals = vals[m:]
 	}
 	return out
+}
+
+// keepBody returns the store's own copy of b. sh is locked by the caller.
+func (sh *memShard) keepBody(b []byte) []byte {
+	switch {
+	case b == nil:
+		return nil
+	case len(b) == 0:
+		return []byte{}
+	case len(b) > slabMax:
+		return cloneBytes(b)
+	}
+	if cap(sh.slab)-len(sh.slab) < len(b) {
+		sh.slab = make([]byte, 0, slabSize)
+	}
+	i := len(sh.slab)
+	sh.slab = append(sh.slab, b...)
+	return sh.slab[i:len(sh.slab):len(sh.slab)]
 }
 
 func (s *MemoryStore) shard(key string) *memShard {
@@ -152,8 +222,9 @@ func (s *MemoryStore) Begin(ctx context.Context, key, fingerprint string, now ti
 		if !ok && !s.reserve(sh, n) {
 			return Record{}, false, fmt.Errorf("idempotency: memory begin: %w: store full (%d records)", ErrUnavailable, s.max)
 		}
-		rec = memRecord{fp: fingerprint, state: Processing, token: s.tokens.Add(1),
+		rec = memRecord{fp: fingerprint, state: memProcessing, token: s.tokens.Add(1),
 			leaseUntil: n + int64(lease), expiresAt: n + int64(retention)}
+		rec.queuedAt = rec.expiresAt
 		sh.recs[key] = rec
 		sh.exp.push(expiry{at: rec.expiresAt, key: key})
 		return rec.record(false), true, nil
@@ -161,7 +232,7 @@ func (s *MemoryStore) Begin(ctx context.Context, key, fingerprint string, now ti
 	if rec.fp != fingerprint {
 		return Record{State: Conflict, Fingerprint: rec.fp, ExpiresAt: unixTime(rec.expiresAt)}, false, nil
 	}
-	if rec.state == Done {
+	if rec.state == memDone {
 		return rec.record(true), false, nil
 	}
 	if n < rec.leaseUntil {
@@ -169,17 +240,9 @@ func (s *MemoryStore) Begin(ctx context.Context, key, fingerprint string, now ti
 	}
 	rec.token = s.tokens.Add(1)
 	rec.leaseUntil = n + int64(lease)
-	s.coverLease(sh, key, &rec)
+	rec.expiresAt = max(rec.expiresAt, rec.leaseUntil)
 	sh.recs[key] = rec
 	return rec.record(false), true, nil
-}
-
-// coverLease keeps a record in the window for as long as its lease runs.
-func (s *MemoryStore) coverLease(sh *memShard, key string, rec *memRecord) {
-	if rec.expiresAt < rec.leaseUntil {
-		rec.expiresAt = rec.leaseUntil
-		sh.exp.push(expiry{at: rec.expiresAt, key: key})
-	}
 }
 
 // reserve counts one more record, reclaiming expired ones from every shard
@@ -210,16 +273,32 @@ func (s *MemoryStore) reserve(sh *memShard, now int64) bool {
 }
 
 // sweep removes up to limit expired records (limit < 0: all) from sh.
+//
+// Each record has one entry in the shard's expiry queue, at its queuedAt,
+// which is never later than its expiresAt: writes that push expiresAt back
+// (Complete, Extend, a takeover) leave the entry alone, and the sweep that
+// finds the record still live queues it again at its new expiry. So a write
+// costs no queue push, and the queue holds about one entry per record.
+// Entries of records since removed or re-created are stale (their time is
+// not the record's queuedAt) and dropped.
 func (s *MemoryStore) sweep(sh *memShard, now int64, limit int) {
 	for n := 0; limit < 0 || n < limit; n++ {
 		e, ok := sh.exp.popDue(now)
 		if !ok {
 			return
 		}
-		if rec, ok := sh.recs[e.key]; ok && rec.expiresAt <= now {
+		rec, ok := sh.recs[e.key]
+		if !ok || rec.queuedAt != e.at {
+			continue
+		}
+		if rec.expiresAt <= now {
 			delete(sh.recs, e.key)
 			s.count.Add(-1)
+			continue
 		}
+		rec.queuedAt = rec.expiresAt
+		sh.recs[e.key] = rec
+		sh.exp.push(expiry{at: rec.expiresAt, key: e.key})
 	}
 }
 
@@ -230,19 +309,23 @@ func (s *MemoryStore) Complete(ctx context.Context, key string, token uint64, re
 	}
 	n := now.UnixNano()
 	sh := s.shard(key)
-	stored := copyResponse(resp)
+	header := copyHeader(resp.Header)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
 	rec, ok := sh.recs[key]
-	if !ok || rec.token != token || rec.state != Processing {
+	if !ok || rec.token != token || rec.state != memProcessing {
 		return fmt.Errorf("idempotency: memory complete: %w", ErrLeaseLost)
 	}
-	rec.state = Done
-	rec.resp = stored
+	rec.state = memDone
+	rec.status, rec.header, rec.body = resp.Status, header, sh.keepBody(resp.Body)
 	rec.leaseUntil = 0
 	rec.expiresAt = n + int64(retention)
+	if rec.expiresAt < rec.queuedAt {
+		// A shorter retention than the claim's: queue the earlier expiry.
+		rec.queuedAt = rec.expiresAt
+		sh.exp.push(expiry{at: rec.expiresAt, key: key})
+	}
 	sh.recs[key] = rec
-	sh.exp.push(expiry{at: rec.expiresAt, key: key})
 	s.sweep(sh, n, sweepPerWrite)
 	return nil
 }
@@ -256,11 +339,11 @@ func (s *MemoryStore) Extend(ctx context.Context, key string, token uint64, now 
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
 	rec, ok := sh.recs[key]
-	if !ok || rec.token != token || rec.state != Processing {
+	if !ok || rec.token != token || rec.state != memProcessing {
 		return fmt.Errorf("idempotency: memory extend: %w", ErrLeaseLost)
 	}
 	rec.leaseUntil = now.UnixNano() + int64(lease)
-	s.coverLease(sh, key, &rec)
+	rec.expiresAt = max(rec.expiresAt, rec.leaseUntil)
 	sh.recs[key] = rec
 	return nil
 }
@@ -274,7 +357,7 @@ func (s *MemoryStore) Release(ctx context.Context, key string, token uint64) err
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
 	rec, ok := sh.recs[key]
-	if !ok || rec.token != token || rec.state != Processing {
+	if !ok || rec.token != token || rec.state != memProcessing {
 		return fmt.Errorf("idempotency: memory release: %w", ErrLeaseLost)
 	}
 	delete(sh.recs, key)
@@ -294,7 +377,7 @@ func (s *MemoryStore) Get(ctx context.Context, key string, now time.Time) (Recor
 	if !ok || now.UnixNano() >= rec.expiresAt {
 		return Record{}, fmt.Errorf("idempotency: memory get %q: %w", key, ErrNotFound)
 	}
-	return rec.record(rec.state == Done), nil
+	return rec.record(rec.state == memDone), nil
 }
 
 // Delete implements Store.

@@ -17,7 +17,6 @@ for f in store.go guard.go; do
   sed 's/^package idempotency$/package seed/' "$seed/$f" >"$tmp/seed/$f"
 done
 cp "$root/scripts/corebench/bench_test.go" "$tmp/bench_test.go"
-sed -i 's/^package corebench$/package corebench/' "$tmp/bench_test.go"
 cat >"$tmp/go.mod" <<MOD
 module corebench
 
@@ -30,7 +29,13 @@ MOD
 cp "$root/go.sum" "$tmp/go.sum"
 cd "$tmp"
 go mod tidy >/dev/null 2>&1 || true
-go test -tags corebench -run '^$' -bench . -benchmem -count "$count" -benchtime "$benchtime" . | tee "$tmp/out.txt"
+# One binary, run count times with -count 1: each round measures the seed
+# and ours back to back, so load from other work on the machine falls on
+# both alike instead of on whichever ran during a busy spell.
+go test -c -tags corebench -o "$tmp/corebench.test" .
+for _ in $(seq "$count"); do
+  "$tmp/corebench.test" -test.run '^$' -test.bench . -test.benchmem -test.count 1 -test.benchtime "$benchtime"
+done | tee "$tmp/out.txt"
 if command -v benchstat >/dev/null 2>&1; then
   echo
   benchstat -col /impl "$tmp/out.txt"
