@@ -600,14 +600,18 @@ type op struct {
 	// more than once (when another write of its batch fails, the batch is
 	// rolled back and re-run), so it resets its results first. It returns
 	// an error only for an engine failure, which fails this write alone.
-	fn   func(buckets) error
-	err  error // set by the committer before done is closed
-	done chan struct{}
+	fn  func(buckets) error
+	err error // set by the committer before done is closed
+	// skipped is set by apply when the caller's ctx had ended, so fn did
+	// not run: the caller must not take done for an acknowledgement.
+	skipped bool
+	done    chan struct{}
 }
 
 // apply runs o in tx unless its caller has gone.
 func (s *Store) apply(tx *bolt.Tx, o *op) error {
-	if o.ctx.Err() != nil {
+	o.skipped = o.ctx.Err() != nil // reset on every run of the batch
+	if o.skipped {
 		return nil // the caller returned already; change nothing
 	}
 	b, err := s.buckets(tx)
@@ -656,6 +660,11 @@ func (s *Store) write(ctx context.Context, name string, fn func(buckets) error) 
 	}
 	if o.err != nil {
 		return fmt.Errorf("boltstore: %s: %w: %w", name, idempotency.ErrUnavailable, o.err)
+	}
+	if o.skipped {
+		// done and ctx.Done were both ready and select took done: the
+		// write was skipped, not applied.
+		return fmt.Errorf("boltstore: %s: %w: %w", name, idempotency.ErrUnavailable, context.Cause(ctx))
 	}
 	return nil
 }
