@@ -143,7 +143,11 @@ type Result struct {
 //
 // While fn runs the Guard renews the lease. If a renewal is rejected
 // (another holder took the key over), fn's ctx is cancelled, the result is
-// not stored and Do returns an error wrapping ErrLeaseLost.
+// not stored and Do returns an error wrapping ErrLeaseLost. If renewals
+// cannot reach the store, they are retried at shrinking intervals, and fn's
+// ctx is cancelled a tenth of the lease before the last successful claim or
+// renewal would let another holder take over; fn should stop its side
+// effects then. Its result is stored only if its token is still current.
 //
 // When fn returns an error, nothing is stored and the claim is kept until
 // its lease ends, as after a crash: fn may have had side effects. Mark the
@@ -378,7 +382,7 @@ type renewer struct {
 	cfg      config
 	c        *claimCtx
 	key      string
-	deadline time.Time // when the lease ends by the local clock unless renewed
+	deadline time.Time // when fn must stop by the local clock unless renewed; see leaseDeadline
 }
 
 var renewers = sync.Pool{New: func() any { return newRenewer(true) }}
@@ -401,7 +405,7 @@ func startRenewer(g *Guard, cfg config, c *claimCtx, key string, now time.Time) 
 	}
 	r.mu.Lock()
 	r.g, r.cfg, r.c, r.key = g, cfg, c, key
-	r.deadline = now.Add(cfg.lease)
+	r.deadline = leaseDeadline(now, cfg.lease)
 	r.mu.Unlock()
 	r.t.Reset(cfg.renewEvery)
 	return r
@@ -428,6 +432,15 @@ func (r *renewer) stop() {
 	}
 }
 
+// leaseDeadline is when a holder whose last successful claim or renewal was
+// sent at sent must stop fn if no renewal succeeds: a tenth of the lease
+// before the store lets another holder take over, so that fn's ctx ends
+// before the takeover rather than at the same moment, with room for clocks
+// that run a little apart.
+func leaseDeadline(sent time.Time, lease time.Duration) time.Time {
+	return sent.Add(lease - lease/10)
+}
+
 func (r *renewer) fire() {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -435,7 +448,17 @@ func (r *renewer) fire() {
 		return // a stale firing after stop
 	}
 	g, c, cfg := r.g, r.c, r.cfg
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(c.Context), cfg.renewEvery)
+	left := time.Until(r.deadline)
+	if left <= 0 {
+		// The lease has run out by the local clock without a renewal:
+		// another holder may take over from now on, so fn must stop now,
+		// not after one more attempt. Whether its result may still be
+		// stored is decided by Complete's token check.
+		c.loseLease(false)
+		return
+	}
+	// An attempt never outlasts the lease it tries to save.
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(c.Context), min(cfg.renewEvery, left))
 	r.cancelMu.Lock()
 	if r.stopping {
 		r.cancelMu.Unlock()
@@ -463,18 +486,20 @@ func (r *renewer) fire() {
 	}
 	switch {
 	case err == nil:
-		r.deadline = local.Add(cfg.lease)
+		r.deadline = leaseDeadline(local, cfg.lease)
 		r.t.Reset(cfg.renewEvery)
 	case errors.Is(err, ErrLeaseLost):
 		c.loseLease(true)
 	default:
+		// Try again sooner, halving the time left each time, so that a
+		// short outage is bridged before the deadline; when the halves get
+		// small, wait for the deadline itself (then the check at the top
+		// stops fn).
 		left := time.Until(r.deadline)
-		if left <= 0 {
-			// Another holder may take over from now on: stop fn. Whether its
-			// result may still be stored is decided by Complete's token check.
-			c.loseLease(false)
-			return
+		next := min(cfg.renewEvery, left/2)
+		if next < cfg.renewEvery/8 {
+			next = max(0, left)
 		}
-		r.t.Reset(min(cfg.renewEvery, left))
+		r.t.Reset(next)
 	}
 }
