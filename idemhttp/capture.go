@@ -30,7 +30,13 @@ type captureWriter struct {
 	body     []byte
 	tooLarge bool // the body outgrew MaxStoredResponse; body is dropped
 	hijacked bool
-	now      time.Time // when the request started, for the window header
+	keep     bool // KeepClaim was called: store nothing, release nothing
+	aborted  bool // the handler panicked with http.ErrAbortHandler
+	// gone: a write to the client failed under Options.Detach; from then
+	// on the response is only captured, and writes report success, so
+	// that the handler finishes and its response is stored for the retry.
+	gone bool
+	now  time.Time // when the request started, for the window header
 }
 
 var (
@@ -44,7 +50,7 @@ var (
 func (cw *captureWriter) reset(w http.ResponseWriter, m *Middleware, now time.Time) {
 	cw.w, cw.m, cw.now = w, m, now
 	cw.status = 0
-	cw.tooLarge, cw.hijacked = false, false
+	cw.tooLarge, cw.hijacked, cw.keep, cw.aborted, cw.gone = false, false, false, false, false
 	cw.body = cw.body[:0]
 	clear(cw.header)
 }
@@ -79,7 +85,7 @@ func (cw *captureWriter) WriteHeader(code int) {
 			cw.header[k] = v
 		}
 	}
-	if m.windowHeader != "" && m.storeStatus(code) {
+	if m.windowHeader != "" && !cw.keep && m.storeStatus(code) {
 		h[m.windowHeader] = []string{m.window.format(cw.now.Add(m.retention))}
 	}
 	cw.w.WriteHeader(code)
@@ -90,13 +96,28 @@ func (cw *captureWriter) Write(p []byte) (int, error) {
 	if cw.status == 0 && !cw.hijacked {
 		cw.WriteHeader(http.StatusOK)
 	}
+	if cw.gone {
+		cw.capture(p)
+		return len(p), nil
+	}
 	n, err := cw.w.Write(p)
 	kept := p
 	if errors.Is(err, http.ErrContentLength) || errors.Is(err, http.ErrBodyNotAllowed) {
 		kept = p[:n] // net/http refused the rest: the client never gets it
+	} else if err != nil && cw.detached() {
+		n, err = len(p), nil
 	}
 	cw.capture(kept)
 	return n, err
+}
+
+// detached reports whether a failed write to the client is to be hidden
+// from the handler (Options.Detach), and if so marks the client gone.
+func (cw *captureWriter) detached() bool {
+	if cw.m.detach && !cw.hijacked {
+		cw.gone = true
+	}
+	return cw.gone
 }
 
 // WriteString implements io.StringWriter, so that io.WriteString and
@@ -105,10 +126,18 @@ func (cw *captureWriter) WriteString(s string) (int, error) {
 	if cw.status == 0 && !cw.hijacked {
 		cw.WriteHeader(http.StatusOK)
 	}
-	n, err := io.WriteString(cw.w, s)
+	var n int
+	var err error
+	if cw.gone {
+		n = len(s)
+	} else {
+		n, err = io.WriteString(cw.w, s)
+	}
 	kept := s
 	if errors.Is(err, http.ErrContentLength) || errors.Is(err, http.ErrBodyNotAllowed) {
 		kept = s[:n]
+	} else if err != nil && cw.detached() {
+		n, err = len(s), nil
 	}
 	if !cw.tooLarge && kept != "" {
 		if len(cw.body)+len(kept) > cw.m.maxStored {
@@ -149,12 +178,17 @@ func (cw *captureWriter) ReadFrom(src io.Reader) (int64, error) {
 		buf := cw.body[len(cw.body):cap(cw.body)]
 		n, rerr := src.Read(buf)
 		if n > 0 {
-			wn, werr := cw.w.Write(buf[:n])
-			total += int64(wn)
+			wn, werr := n, error(nil)
+			if !cw.gone {
+				wn, werr = cw.w.Write(buf[:n])
+			}
 			kept := n
 			if errors.Is(werr, http.ErrContentLength) || errors.Is(werr, http.ErrBodyNotAllowed) {
 				kept = wn
+			} else if werr != nil && cw.detached() {
+				wn, werr = n, nil
 			}
+			total += int64(wn)
 			cw.body = cw.body[:len(cw.body)+kept]
 			if len(cw.body) > cw.m.maxStored {
 				cw.tooLarge = true
@@ -170,6 +204,10 @@ func (cw *captureWriter) ReadFrom(src io.Reader) (int64, error) {
 		if rerr != nil {
 			return total, rerr
 		}
+	}
+	if cw.gone {
+		n, err := io.Copy(io.Discard, src)
+		return total + n, err
 	}
 	if rf, ok := cw.w.(io.ReaderFrom); ok {
 		n, err := rf.ReadFrom(src)
@@ -191,7 +229,14 @@ func (cw *captureWriter) FlushError() error {
 	if cw.status == 0 && !cw.hijacked {
 		cw.WriteHeader(http.StatusOK)
 	}
-	return http.NewResponseController(cw.w).Flush()
+	if cw.gone {
+		return nil
+	}
+	err := http.NewResponseController(cw.w).Flush()
+	if err != nil && !errors.Is(err, http.ErrNotSupported) && cw.detached() {
+		return nil
+	}
+	return err
 }
 
 // Hijack implements http.Hijacker by passing the call on. A hijacked

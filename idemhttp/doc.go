@@ -14,7 +14,7 @@
 // answers 400. The key is an RFC 8941 sf-string ("abc") or a bare token
 // (abc); both name one key (see ParseKey).
 //
-// The key is stored as scope + "\x00" + key, where the scope is
+// The key is stored as scope + "\x00" + key (StoreKey), where the scope is
 // Options.Scope(r) (by default a hash of the Authorization header, see
 // DefaultScope): one caller's response is never replayed to another.
 //
@@ -30,7 +30,8 @@
 //   - Executed: the handler's response goes to the client as it is written
 //     and is captured for the store. Statuses are stored per
 //     Options.StoreStatus: 2xx, 3xx and 4xx but 408, 425 and 429. Others
-//     (5xx) release the key so a retry runs at once.
+//     (5xx) release the key so a retry runs at once; see below for the
+//     cases that keep it.
 //   - Replayed: the stored status, header fields and body, with
 //     Idempotent-Replayed: true. net/http sets Date, Content-Length and the
 //     sniffed Content-Type again; Set-Cookie is not stored (DefaultStoreHeader).
@@ -77,7 +78,36 @@
 // effect may have happened in part: the claim is kept until its lease ends,
 // after which a retry runs again (Observer: Abandoned). Options.Detach gives
 // the handler a context that ignores the client's cancellation, so that
-// the operation finishes and its response is stored.
+// the operation finishes and its response is stored; under Detach a write
+// that fails because the client is gone is hidden from the handler too (the
+// response is captured all the same), since handlers such as
+// httputil.ReverseProxy abort at the first failed write.
+//
+// # Keeping the claim
+//
+// Some failures leave the outcome unknown: the work may have been done but
+// its response is lost. Releasing the key then would let a retry run the
+// operation a second time at once; storing the error would replay it for the
+// whole window. The middleware keeps the claim instead, stores nothing, and
+// lets the lease end (a retry meanwhile gets 409 in-flight; after it, the
+// retry runs). Two ways lead there, besides the client going away:
+//
+//   - The handler calls KeepClaim(w) before it returns, for example after an
+//     upstream timeout once the request was sent. Whatever it writes goes to
+//     the client, whatever the status, and is not stored.
+//   - The handler panics with http.ErrAbortHandler, the way
+//     httputil.ReverseProxy aborts a response whose upstream broke off in
+//     the middle of the body (or whose client went away while it was
+//     copied). The panic is passed on after the claim is settled, so the
+//     server still aborts the response. Any other panic releases the key and
+//     goes on.
+//
+// The Observer sees Abandoned in each case.
+//
+// # Operator tools
+//
+// StoreKey(scope, key) is the key the middleware stores for a request, to
+// look a record up, evict it or release it in the store.
 //
 // # Observing
 //

@@ -39,8 +39,14 @@ var (
 	errStatusRelease = errors.New("idemhttp: status not stored, key released")
 	errClientGone    = errors.New("idemhttp: client went away and the status is not stored; claim kept until the lease ends")
 	errPanic         = errors.New("idemhttp: handler panicked, key released")
+	errAborted       = errors.New("idemhttp: handler aborted the response (http.ErrAbortHandler); claim kept until the lease ends")
 	errBodyTooLarge  = errors.New("idemhttp: request body too large")
 )
+
+// ErrClaimKept is the Event.Err of a request whose handler called
+// KeepClaim: the response was sent but not stored, and the key stays
+// claimed until its lease ends (Outcome Abandoned).
+var ErrClaimKept = errors.New("idemhttp: the handler kept the claim; response not stored, key held until the lease ends")
 
 // markerKey, in a stored Header, marks a response that was too large to
 // store. Like trailerKey its colon makes it an invalid field name.
@@ -92,7 +98,9 @@ type Options struct {
 	Wait time.Duration
 	// Detach runs the handler with a context that is not cancelled when the
 	// client goes away (it is still cancelled if the lease is lost), so an
-	// operation started is finished and its response stored.
+	// operation started is finished and its response stored. Writes to a
+	// client that is gone are then captured and report success, so that a
+	// handler that stops at a write error (httputil.ReverseProxy) finishes.
 	Detach bool
 	// UnavailableRetryAfter is the Retry-After of a 503 when the store is
 	// unavailable (0: 1s). It is rounded up to whole seconds.
@@ -220,6 +228,42 @@ func New(guard *idempotency.Guard, opts *Options) (*Middleware, error) {
 // routers' middleware: r.Use(m.Handler).
 func (m *Middleware) Handler(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { m.serve(next, w, r) })
+}
+
+// StoreKey returns the key the middleware stores for a request whose scope
+// (Options.Scope, or DefaultScope) is scope and whose Idempotency-Key, as
+// ParseKey returns it, is key. Operator tools use it to find a request's
+// record in the store (Store.Get, Delete, Release).
+func StoreKey(scope, key string) string { return scope + "\x00" + key }
+
+// KeepClaim marks the guarded request that w answers: the response the
+// handler writes is sent but not stored, and the key is not released either.
+// The claim is kept until its lease ends, as after a crash, and only then
+// may a retry run the handler again (meanwhile retries get 409). Call it
+// when the operation may have taken effect but its outcome is unknown, for
+// example when a proxied upstream timed out after the request was sent;
+// call it before writing the status, so that the response does not
+// advertise a window (Options.WindowHeader) for a key that is not stored.
+// It works on the ResponseWriter the middleware handed to the handler, or
+// on one that wraps it and has an Unwrap() http.ResponseWriter method. It
+// reports whether w belongs to a guarded request; for any other writer it
+// does nothing and returns false. The Observer sees Abandoned with
+// ErrClaimKept.
+func KeepClaim(w http.ResponseWriter) bool {
+	for {
+		if cw, ok := w.(*captureWriter); ok {
+			if cw.m == nil {
+				return false // the request is over
+			}
+			cw.keep = true
+			return true
+		}
+		u, ok := w.(interface{ Unwrap() http.ResponseWriter })
+		if !ok {
+			return false
+		}
+		w = u.Unwrap()
+	}
 }
 
 // DefaultStoreStatus stores and replays 2xx, 3xx and 4xx responses except
@@ -463,12 +507,27 @@ func (m *Middleware) serve(next http.Handler, w http.ResponseWriter, r *http.Req
 			}
 		}()
 	}
-	fn := func(ctx context.Context) (idempotency.Response, error) {
+	fn := func(ctx context.Context) (resp idempotency.Response, err error) {
 		r2 := r.WithContext(ctx)
 		if body != nil {
 			st.body = bodyReader{b: body}
 			r2.Body = &st.body
 		}
+		defer func() {
+			// http.ErrAbortHandler is how a handler (ReverseProxy, when the
+			// upstream breaks off mid-body) says the response is cut short
+			// after the work may have been done: keep the claim, store
+			// nothing, and abort the response once the Guard is through.
+			// Any other panic goes on (from here, so its stack is intact)
+			// and the Guard releases the key.
+			if v := recover(); v != nil {
+				if v != http.ErrAbortHandler {
+					panic(v)
+				}
+				cw.aborted = true
+				resp, err = idempotency.Response{}, errAborted
+			}
+		}()
 		next.ServeHTTP(cw, r2)
 		return m.result(cw, r)
 	}
@@ -477,6 +536,12 @@ func (m *Middleware) serve(next http.Handler, w http.ResponseWriter, r *http.Req
 		res, err = m.waitFor(ctx, storeKey, fp, fn, res, err)
 	}
 	finished = true
+	if cw.aborted {
+		status := cw.status
+		st.release()
+		m.observe(r, Abandoned, status, start, err)
+		panic(http.ErrAbortHandler)
+	}
 
 	var outcome Outcome
 	status := 0
@@ -491,7 +556,7 @@ func (m *Middleware) serve(next http.Handler, w http.ResponseWriter, r *http.Req
 			}
 		case errors.Is(err, idempotency.ErrLeaseLost):
 			outcome = LeaseLost
-		case errors.Is(err, errClientGone):
+		case errors.Is(err, errClientGone), errors.Is(err, ErrClaimKept):
 			outcome = Abandoned
 		case idempotency.IsRetryable(err):
 			outcome = Released
@@ -529,6 +594,9 @@ func (m *Middleware) result(cw *captureWriter, r *http.Request) (idempotency.Res
 	cw.finish()
 	if cw.hijacked {
 		return idempotency.Response{}, idempotency.Retryable(errHijacked)
+	}
+	if cw.keep {
+		return idempotency.Response{}, ErrClaimKept
 	}
 	if !m.storeStatus(cw.status) {
 		if !m.detach && r.Context().Err() != nil {

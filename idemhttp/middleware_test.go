@@ -436,11 +436,14 @@ func TestStoragePolicy(t *testing.T) {
 	})
 }
 
+// TestPanicReleasesKey: a handler that panics (with anything but
+// http.ErrAbortHandler, see TestAbortHandlerKeepsClaim) gets its key
+// released, and the panic goes on to net/http (which logs it).
 func TestPanicReleasesKey(t *testing.T) {
 	var panicked atomic.Bool
 	f := newFixture(t, nil, nil, func(w http.ResponseWriter, r *http.Request) {
 		if !panicked.Swap(true) {
-			panic(http.ErrAbortHandler)
+			panic("idemhttp test: a deliberate panic")
 		}
 		created(w, r)
 	})

@@ -25,12 +25,14 @@ const (
 	// holder took the key over; the response was not stored.
 	LeaseLost Outcome = "lease_lost"
 	// Released: the handler ran, its response was not stored (storage
-	// policy, Hijack or panic) and the key was released for an immediate
+	// policy, Hijack or a panic other than http.ErrAbortHandler) and the key was released for an immediate
 	// retry.
 	Released Outcome = "released"
-	// Abandoned: the client went away and the handler answered with a
-	// status that is not stored; the claim is kept until its lease ends
-	// (side effects may have happened), then a retry runs again.
+	// Abandoned: the response was not stored and the claim is kept until
+	// its lease ends (side effects may have happened), then a retry runs
+	// again. It happens when the client went away and the handler answered
+	// with a status that is not stored, when the handler called KeepClaim
+	// (Err: ErrClaimKept), and when it panicked with http.ErrAbortHandler.
 	Abandoned Outcome = "abandoned"
 	// NotStored: the handler ran and its response was sent, but the store
 	// failed to record it; a retry after the lease may run again.

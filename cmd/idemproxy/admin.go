@@ -22,7 +22,7 @@ import (
 //	POST   /keys/{key}/release?scope=S  give an in-flight claim back
 //
 // {key} is the client's Idempotency-Key and S the scope the proxy derived
-// for the request (see -scope-header); storeKey joins them as the
+// for the request (see -scope-header); storeKey (idemhttp.StoreKey) joins them as the
 // middleware does. The admin address must not be exposed to clients.
 func adminHandler(store idempotency.Store, m *metrics, storeKey func(scope, key string) string, now func() time.Time) http.Handler {
 	mux := http.NewServeMux()

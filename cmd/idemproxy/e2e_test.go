@@ -18,13 +18,18 @@ import (
 )
 
 // TestKill9Restart kills the proxy with SIGKILL in the middle of a storm of
-// new keys and restarts it on the same bolt file: every request whose
-// response reached its client must replay that response, without the
-// upstream running again.
+// new keys and restarts it on the same store (a bolt file, a Redis, a
+// PostgreSQL schema): every request whose response reached its client must
+// replay that response, without the upstream running again.
 func TestKill9Restart(t *testing.T) {
+	t.Run("bolt", func(t *testing.T) { kill9Restart(t, "bolt:"+filepath.Join(t.TempDir(), "idem.db")) })
+	t.Run("redis", func(t *testing.T) { kill9Restart(t, redisTestStore(t)) })
+	t.Run("postgres", func(t *testing.T) { kill9Restart(t, postgresTestStore(t)) })
+}
+
+func kill9Restart(t *testing.T, db string) {
 	bin := binary(t)
 	up := newUpstream(t)
-	db := "bolt:" + filepath.Join(t.TempDir(), "idem.db")
 	p := startProc(t, bin, "-upstream", up.URL, "-store", db, "-lease", "2s")
 
 	type delivered struct{ key, body string }
@@ -150,7 +155,14 @@ func fleet(t *testing.T, store string) {
 	}
 }
 
-func TestFleetRedis(t *testing.T) {
+func TestFleetRedis(t *testing.T) { fleet(t, redisTestStore(t)) }
+
+func TestFleetPostgres(t *testing.T) { fleet(t, postgresTestStore(t)) }
+
+// redisTestStore returns a store URL on the shared test Redis with a key
+// prefix of the test's own, whose keys are deleted when the test ends.
+func redisTestStore(t *testing.T) string {
+	t.Helper()
 	base := testenv.RedisURL(t)
 	prefix := fmt.Sprintf("idemproxy-test-%d:", time.Now().UnixNano())
 	t.Cleanup(func() {
@@ -170,10 +182,13 @@ func TestFleetRedis(t *testing.T) {
 	if strings.Contains(base, "?") {
 		sep = "&"
 	}
-	fleet(t, base+sep+"prefix="+prefix)
+	return base + sep + "prefix=" + prefix
 }
 
-func TestFleetPostgres(t *testing.T) {
+// postgresTestStore returns a store URL on the shared test PostgreSQL with
+// a schema of the test's own, dropped when the test ends.
+func postgresTestStore(t *testing.T) string {
+	t.Helper()
 	base := testenv.PostgresURL(t)
 	schema := fmt.Sprintf("idemproxy_test_%d", time.Now().UnixNano())
 	t.Cleanup(func() {
@@ -192,5 +207,5 @@ func TestFleetPostgres(t *testing.T) {
 	if strings.Contains(base, "?") {
 		sep = "&"
 	}
-	fleet(t, base+sep+"schema="+schema)
+	return base + sep + "schema=" + schema
 }

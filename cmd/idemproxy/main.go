@@ -24,8 +24,9 @@
 //
 // # Upstream failures
 //
-// The upstream call is not cancelled when the client goes away: it finishes,
-// its response is stored and the client's retry replays it. When the
+// The upstream call is not cancelled when the client goes away, not even
+// while the response is being copied to it: it finishes, its response is
+// stored and the client's retry replays it (idemhttp's Options.Detach). When the
 // upstream cannot be dialled nothing was sent: the proxy answers 502
 // (application/problem+json) and releases the key, so the retry runs at
 // once. When the request was sent and no complete response came back (a
@@ -108,10 +109,6 @@ func newLogger(cfg *config, w io.Writer) *slog.Logger {
 	return slog.New(slog.NewTextHandler(w, opts))
 }
 
-// storeKey is the key idemhttp stores for a request: scope, NUL, key. (The
-// middleware does not export it.)
-func storeKey(scope, key string) string { return scope + "\x00" + key }
-
 func serve(ctx context.Context, cfg *config, log *slog.Logger) error {
 	openCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	store, closer, err := storeurl.Open(openCtx, cfg.store, storeurl.Options{Migrate: cfg.migrate, Logger: log})
@@ -126,7 +123,7 @@ func serve(ctx context.Context, cfg *config, log *slog.Logger) error {
 	}()
 	m := newMetrics()
 	timed := timedStore{Store: store, m: m}
-	guard, err := idempotency.NewGuard(claimKeeper{timed}, &idempotency.Options{
+	guard, err := idempotency.NewGuard(timed, &idempotency.Options{
 		Lease: cfg.lease, Retention: cfg.retention, OnRenew: m.onRenew,
 	})
 	if err != nil {
@@ -139,6 +136,9 @@ func serve(ctx context.Context, cfg *config, log *slog.Logger) error {
 	}
 	mw, err := idemhttp.New(guard, &idemhttp.Options{
 		Required: cfg.requireKey, Scope: scope, MaxBody: cfg.maxBody, Wait: cfg.wait,
+		// The upstream call is not cut short by the client going away: it
+		// finishes and its response is stored for the client's retry.
+		Detach:   true,
 		Observer: logObserver{m: m, log: log},
 	})
 	if err != nil {
@@ -146,13 +146,13 @@ func serve(ctx context.Context, cfg *config, log *slog.Logger) error {
 	}
 	proxy := newReverseProxy(cfg.upstream, cfg.upstreamTimeout, log)
 	guarded := mw.Handler(proxy)
-	handler := m.countInFlight(detach(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	handler := m.countInFlight(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if (r.Method != http.MethodPost && r.Method != http.MethodPatch) ||
 			(len(r.Header["Idempotency-Key"]) == 0 && !cfg.requireKey) {
 			m.passedThru.Inc()
 		}
 		guarded.ServeHTTP(w, r)
-	})))
+	}))
 
 	ln, err := net.Listen("tcp", cfg.listen)
 	if err != nil {
@@ -168,7 +168,7 @@ func serve(ctx context.Context, cfg *config, log *slog.Logger) error {
 			ln.Close()
 			return fmt.Errorf("listen admin: %w", err)
 		}
-		adminSrv = &http.Server{Handler: adminHandler(timed, m, storeKey, time.Now), ReadHeaderTimeout: 10 * time.Second}
+		adminSrv = &http.Server{Handler: adminHandler(timed, m, idemhttp.StoreKey, time.Now), ReadHeaderTimeout: 10 * time.Second}
 	}
 	errc := make(chan error, 2)
 	go func() { errc <- srv.Serve(ln) }()
@@ -242,7 +242,7 @@ func operate(ctx context.Context, cmd string, args []string, stdout, stderr io.W
 		fs.Usage()
 		return fmt.Errorf("%w: %s needs exactly one KEY", errUsage, cmd)
 	}
-	key := storeKey(*scope, fs.Arg(0))
+	key := idemhttp.StoreKey(*scope, fs.Arg(0))
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	store, closer, err := storeurl.Open(ctx, *storeURL, storeurl.Options{})

@@ -5,80 +5,17 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
-	"io"
 	"log/slog"
 	"net"
 	"net/http"
 	"net/http/httputil"
 	"net/url"
-	"sync/atomic"
+	"sync"
 	"syscall"
 	"time"
 
-	"github.com/archlab/idempotency"
 	"github.com/archlab/idempotency/idemhttp"
 )
-
-// reqState travels in the context of one proxied request, from the outer
-// handler through the middleware and the Guard to the upstream call and the
-// store, so that an upstream failure can decide the fate of the claim.
-type reqState struct {
-	// keep is set when the upstream may have acted on the request but its
-	// response is lost (timeout, reset, a body cut short): the claim must
-	// then stay until its lease ends, never be released for an at-once retry.
-	keep atomic.Bool
-	// abandon cancels the context the middleware sees as the request's,
-	// which makes idemhttp keep the claim of a response it does not store.
-	abandon context.CancelFunc
-}
-
-type reqStateKey struct{}
-
-func stateFrom(ctx context.Context) *reqState {
-	st, _ := ctx.Value(reqStateKey{}).(*reqState)
-	return st
-}
-
-// detach is the outermost proxy handler. It gives the request a context that
-// ignores the client going away, so an upstream call once started finishes
-// and its response is stored for the retry.
-//
-// It does what idemhttp's Options.Detach does, by hand, because Detach also
-// turns off idemhttp's only way to keep a claim for a response it does not
-// store (the request context being done when the handler returns), and the
-// proxy needs exactly that after an upstream timeout.
-func detach(h http.Handler) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		ctx, cancel := context.WithCancel(context.WithoutCancel(r.Context()))
-		defer cancel()
-		st := &reqState{abandon: cancel}
-		h.ServeHTTP(w, r.WithContext(context.WithValue(ctx, reqStateKey{}, st)))
-	})
-}
-
-// claimKeeper refuses to release the claim of a request whose upstream may
-// have acted (reqState.keep): the key stays Processing until its lease ends,
-// as after a crash. idemhttp releases the key of a handler that panics, and
-// ReverseProxy panics (http.ErrAbortHandler) when the upstream breaks off in
-// the middle of the body, after it has done the work.
-type claimKeeper struct{ idempotency.Store }
-
-func (s claimKeeper) Release(ctx context.Context, key string, token uint64) error {
-	if st := stateFrom(ctx); st != nil && st.keep.Load() {
-		return nil // kept; the lease ends by itself
-	}
-	return s.Store.Release(ctx, key, token)
-}
-
-func (s claimKeeper) Complete(ctx context.Context, key string, token uint64, resp idempotency.Response, now time.Time, retention time.Duration) error {
-	if st := stateFrom(ctx); st != nil && st.keep.Load() {
-		// A response cut short must not be replayed as if it were whole.
-		return errUpstreamBroken
-	}
-	return s.Store.Complete(ctx, key, token, resp, now, retention)
-}
-
-var errUpstreamBroken = errors.New("idemproxy: upstream response incomplete; claim kept until its lease ends")
 
 // newReverseProxy returns the proxy to the upstream. timeout bounds one
 // upstream exchange (0: none).
@@ -101,12 +38,9 @@ func newReverseProxy(up *url.URL, timeout time.Duration, log *slog.Logger) http.
 			}
 		},
 		Transport: transport,
-		ModifyResponse: func(resp *http.Response) error {
-			if st := stateFrom(resp.Request.Context()); st != nil {
-				resp.Body = &watchedBody{ReadCloser: resp.Body, st: st}
-			}
-			return nil
-		},
+		// Without a pool ReverseProxy allocates a 32 KiB copy buffer per
+		// request, the largest allocation on the proxy's path.
+		BufferPool: &bufferPool{},
 		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
 			upstreamError(w, r, err, log)
 		},
@@ -122,25 +56,27 @@ func newReverseProxy(up *url.URL, timeout time.Duration, log *slog.Logger) http.
 	})
 }
 
-// watchedBody marks the request when the upstream's body breaks off.
-type watchedBody struct {
-	io.ReadCloser
-	st *reqState
+// bufferPool recycles ReverseProxy's copy buffers.
+type bufferPool struct{ p sync.Pool }
+
+func (b *bufferPool) Get() []byte {
+	if v, ok := b.p.Get().(*[]byte); ok {
+		return *v
+	}
+	return make([]byte, 32<<10)
 }
 
-func (b *watchedBody) Read(p []byte) (int, error) {
-	n, err := b.ReadCloser.Read(p)
-	if err != nil && err != io.EOF {
-		b.st.keep.Store(true)
-	}
-	return n, err
-}
+func (b *bufferPool) Put(buf []byte) { b.p.Put(&buf) }
 
 // upstreamError answers a failed upstream exchange. A dial failure means
 // nothing reached the upstream: 502, and the key is released (502 is not a
 // stored status) so the retry runs at once. Anything else (a timeout, a
 // reset after the request was written) may have had effects: 504 or 502,
-// and the claim is kept until its lease ends.
+// and the claim is kept until its lease ends (idemhttp.KeepClaim).
+//
+// A response that breaks off after its header was sent (the upstream resets
+// the connection mid-body) does not come here: ReverseProxy aborts it with
+// http.ErrAbortHandler, on which idemhttp keeps the claim too.
 func upstreamError(w http.ResponseWriter, r *http.Request, err error, log *slog.Logger) {
 	p := idemhttp.Problem{Type: idemhttp.ProblemBase + "upstream-unreachable", Title: "Upstream service unreachable",
 		Status: http.StatusBadGateway, Detail: "the request was not sent; retrying is safe"}
@@ -153,10 +89,9 @@ func upstreamError(w http.ResponseWriter, r *http.Request, err error, log *slog.
 			p.Status = http.StatusGatewayTimeout
 			p.Title = "Upstream service timed out"
 		}
-		if st := stateFrom(r.Context()); st != nil {
-			st.keep.Store(true)
-			defer st.abandon() // after the response is written: idemhttp then keeps the claim
-		}
+		// Neither stored nor released: the claim stays until its lease
+		// ends. (Outside a guarded request this does nothing.)
+		idemhttp.KeepClaim(w)
 	}
 	log.LogAttrs(r.Context(), slog.LevelWarn, "upstream error", slog.String("method", r.Method),
 		slog.String("path", r.URL.Path), slog.String("key_hash", keyHash(r)), slog.Bool("sent", sent),
