@@ -376,6 +376,12 @@ func (s *Store) Begin(ctx context.Context, key, fingerprint string, now time.Tim
 		return idempotency.Record{}, false, err
 	}
 	n := unixNano(now)
+	// Most Begins of a live key are answers, not claims (replays, in
+	// flight, conflicts): a read transaction gives them without waiting for
+	// a write and its fsync. The write below decides again under its lock.
+	if a, ok, err := s.peek(ctx, key, fingerprint, n); err != nil || ok {
+		return a, false, err
+	}
 	var (
 		out     idempotency.Record
 		claimed bool
@@ -402,16 +408,8 @@ func (s *Store) Begin(ctx context.Context, key, fingerprint string, now time.Tim
 			out, claimed = r.record(false), true
 			return nil
 		}
-		switch {
-		case cur.fp != fingerprint:
-			out = idempotency.Record{State: idempotency.Conflict, Fingerprint: cur.fp,
-				ExpiresAt: unixTime(cur.expiresAt)}
-			return nil
-		case cur.state == stateDone:
-			out = cur.record(true)
-			return nil
-		case n < cur.leaseUntil:
-			out = cur.record(false)
+		if a, ok := answer(cur, n, fingerprint); ok {
+			out = a
 			return nil
 		}
 		// The holder's lease ran out: take over with a larger token.
@@ -433,6 +431,57 @@ func (s *Store) Begin(ctx context.Context, key, fingerprint string, now time.Tim
 		return idempotency.Record{}, false, err
 	}
 	return out, claimed, nil
+}
+
+// read returns key's record from a read transaction.
+func (s *Store) read(key string) (cur rec, found bool, err error) {
+	err = s.db.View(func(tx *bolt.Tx) error {
+		b, err := s.buckets(tx)
+		if err != nil {
+			return err
+		}
+		cur, found, err = b.get(key)
+		return err
+	})
+	return cur, found, err
+}
+
+// answer is Begin's answer for a live record cur when it does not claim
+// the key: a conflict, a replay or in flight. ok is false when the key is
+// to be claimed (the record expired, or its holder's lease ran out).
+func answer(cur rec, n int64, fingerprint string) (idempotency.Record, bool) {
+	switch {
+	case n >= cur.expiresAt:
+		return idempotency.Record{}, false
+	case cur.fp != fingerprint:
+		return idempotency.Record{State: idempotency.Conflict, Fingerprint: cur.fp,
+			ExpiresAt: unixTime(cur.expiresAt)}, true
+	case cur.state == stateDone:
+		return cur.record(true), true
+	case n < cur.leaseUntil:
+		return cur.record(false), true
+	}
+	return idempotency.Record{}, false
+}
+
+// peek answers Begin from a read transaction when the key is live and not
+// to be claimed.
+func (s *Store) peek(ctx context.Context, key, fingerprint string, n int64) (idempotency.Record, bool, error) {
+	if err := ctx.Err(); err != nil {
+		return idempotency.Record{}, false, fmt.Errorf("boltstore: begin: %w", err)
+	}
+	if s.closed.Load() {
+		return idempotency.Record{}, false, fmt.Errorf("boltstore: begin: %w: %w", idempotency.ErrUnavailable, errClosed)
+	}
+	cur, found, err := s.read(key)
+	if err != nil {
+		return idempotency.Record{}, false, fmt.Errorf("boltstore: begin: %w: %w", idempotency.ErrUnavailable, err)
+	}
+	if !found {
+		return idempotency.Record{}, false, nil
+	}
+	a, ok := answer(cur, n, fingerprint)
+	return a, ok, nil
 }
 
 // Complete implements idempotency.Store.
@@ -531,18 +580,7 @@ func (s *Store) Get(ctx context.Context, key string, now time.Time) (idempotency
 	if len(key) > maxKeyLen {
 		return idempotency.Record{}, fmt.Errorf("boltstore: get %q: %w", key, idempotency.ErrNotFound)
 	}
-	var (
-		cur   rec
-		found bool
-	)
-	err := s.db.View(func(tx *bolt.Tx) error {
-		b, err := s.buckets(tx)
-		if err != nil {
-			return err
-		}
-		cur, found, err = b.get(key)
-		return err
-	})
+	cur, found, err := s.read(key)
 	if err != nil {
 		return idempotency.Record{}, fmt.Errorf("boltstore: get: %w: %w", idempotency.ErrUnavailable, err)
 	}
