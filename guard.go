@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -278,10 +279,47 @@ type claimCtx struct {
 
 	mu     sync.Mutex
 	done   chan struct{}
-	lost   bool        // a renewal was rejected, or the lease ran out unrenewed
-	proven bool        // the store said so (ErrLeaseLost), not just the clock
-	stopFn func() bool // unlinks from the parent's cancellation
+	lost   bool         // a renewal was rejected, or the lease ran out unrenewed
+	proven bool         // the store said so (ErrLeaseLost), not just the clock
+	stopFn func() bool  // unlinks from the parent's cancellation
+	afters []*afterCall // functions to run when the lease is lost
 }
+
+// AfterFunc arranges for f to run, in its own goroutine, once c is done:
+// when its parent is done or the lease is lost. The context package looks
+// for this method: with it, a context derived from c (WithCancel,
+// WithTimeout, as an HTTP transport makes for every request) links to c
+// without a goroutine of its own waiting on c.Done.
+func (c *claimCtx) AfterFunc(f func()) (stop func() bool) {
+	a := &afterCall{f: f}
+	c.mu.Lock()
+	if c.lost {
+		c.mu.Unlock()
+		a.run()
+		return a.stop
+	}
+	c.afters = append(c.afters, a)
+	c.mu.Unlock()
+	stopParent := context.AfterFunc(c.Context, a.run)
+	return func() bool {
+		stopParent()
+		return a.stop()
+	}
+}
+
+// afterCall runs f at most once, unless stopped first.
+type afterCall struct {
+	f     func()
+	state atomic.Int32 // 0 pending, 1 started, 2 stopped
+}
+
+func (a *afterCall) run() {
+	if a.state.CompareAndSwap(0, 1) {
+		go a.f()
+	}
+}
+
+func (a *afterCall) stop() bool { return a.state.CompareAndSwap(0, 2) }
 
 func (c *claimCtx) Value(key any) any {
 	if key == (claimKey{}) {
@@ -338,6 +376,10 @@ func (c *claimCtx) loseLease(proven bool) {
 			close(c.done)
 		}
 	}
+	for _, a := range c.afters {
+		a.run()
+	}
+	c.afters = nil
 }
 
 // finish unlinks c from its parent's cancellation once fn has returned and
@@ -349,6 +391,7 @@ func (c *claimCtx) finish() (leaseLost bool) {
 	stop := c.stopFn
 	c.stopFn = nil
 	leaseLost = c.proven
+	c.afters = nil // no lease to lose any more
 	c.mu.Unlock()
 	if stop != nil {
 		stop()
