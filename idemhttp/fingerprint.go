@@ -13,10 +13,17 @@ import (
 
 // fingerprintVersion starts every fingerprint's input, so that a change of
 // the canonical form below can never make an old record match a new request.
-const fingerprintVersion = "idemhttp/fp/v1"
+const fingerprintVersion = "idemhttp/fp/v2"
 
 // queryPair is one decoded name=value pair of a query string.
-type queryPair struct{ name, value string }
+// queryPair is one name=value of the query, decoded. raw marks a pair with
+// a part that does not decode (a stray %): it is kept as sent and told
+// apart from a pair that decodes to the same text, since net/http's
+// URL.Query drops it while it keeps the other.
+type queryPair struct {
+	name, value string
+	raw         bool
+}
 
 // appendField appends s with its length in front: the fields of the
 // canonical form cannot run into each other, whatever bytes they hold.
@@ -37,20 +44,24 @@ func canonicalQuery(pairs []queryPair, raw string) []queryPair {
 			continue
 		}
 		name, value, _ := strings.Cut(part, "=")
-		pairs = append(pairs, queryPair{unescapeQuery(name), unescapeQuery(value)})
+		n, nok := unescapeQuery(name)
+		v, vok := unescapeQuery(value)
+		pairs = append(pairs, queryPair{name: n, value: v, raw: !nok || !vok})
 	}
 	slices.SortStableFunc(pairs, func(a, b queryPair) int { return strings.Compare(a.name, b.name) })
 	return pairs
 }
 
-func unescapeQuery(s string) string {
+// unescapeQuery decodes s; ok is false, and s is returned as sent, when it
+// does not decode.
+func unescapeQuery(s string) (_ string, ok bool) {
 	if strings.IndexByte(s, '%') < 0 && strings.IndexByte(s, '+') < 0 {
-		return s
+		return s, true
 	}
 	if u, err := url.QueryUnescape(s); err == nil {
-		return u
+		return u, true
 	}
-	return s
+	return s, false
 }
 
 // fingerprinter computes request fingerprints with reusable buffers. It is
@@ -72,6 +83,11 @@ func (f *fingerprinter) appendHead(b []byte, method, path, rawQuery string, head
 	f.pairs = canonicalQuery(f.pairs[:0], rawQuery)
 	b = binary.AppendUvarint(b, uint64(len(f.pairs)))
 	for _, p := range f.pairs {
+		if p.raw {
+			b = append(b, 1)
+		} else {
+			b = append(b, 0)
+		}
 		b = appendField(b, p.name)
 		b = appendField(b, p.value)
 	}

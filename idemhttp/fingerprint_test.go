@@ -44,6 +44,12 @@ func TestFingerprintCanonicalization(t *testing.T) {
 		"shifted field": fpOf(f, "POS", "T/p", "a=1&b=2", "text/plain", []byte("x")),
 		"value order":   fpOf(f, "POST", "/p", "a=1&b=2&a=0", "text/plain", []byte("x")),
 	}
+	// A pair that does not decode is kept as sent, and is not the pair that
+	// decodes to the same text: net/http's URL.Query drops the first and
+	// keeps the second, so a handler would see two different requests.
+	if fpOf(f, "POST", "/p", "a=%zz", "", nil) == fpOf(f, "POST", "/p", "a=%25zz", "", nil) {
+		t.Error("an undecodable pair and its escaped twin share a fingerprint")
+	}
 	for name, fp := range differ {
 		if fp == base {
 			t.Errorf("%s did not change the fingerprint", name)
@@ -69,7 +75,7 @@ func FuzzFingerprint(f *testing.F) {
 		}
 		pairs := canonicalQuery(nil, query)
 		if !slices.IsSortedFunc(pairs, func(x, y queryPair) int { return strings.Compare(x.name, y.name) }) {
-			t.Fatalf("pairs of %q not sorted: %q", query, pairs)
+			t.Fatalf("pairs of %q not sorted: %+v", query, pairs)
 		}
 		// Reversing the pairs keeps the fingerprint when every name is
 		// distinct (with a repeated name, value order is meaningful).
