@@ -63,7 +63,10 @@ type Options struct {
 	ReleaseCodes []codes.Code
 	// StoreErrors stores handler errors whose code is not in ReleaseCodes
 	// and replays them. When false (the default) such an error keeps the
-	// claim until its lease ends and is not stored.
+	// claim until its lease ends and is not stored. Canceled and
+	// DeadlineExceeded are never stored: they say what happened to the call
+	// (the client left, its deadline passed), not how the operation ended,
+	// which may still have had effects; the claim is kept.
 	StoreErrors bool
 }
 
@@ -217,7 +220,7 @@ func (s *server) encode(reply any, herr error, header metadata.MD) (idempotency.
 		if int(st.Code()) < len(s.release) && s.release[st.Code()] {
 			return idempotency.Response{}, idempotency.Retryable(herr)
 		}
-		if !s.opts.StoreErrors || st.Code() == codes.OK {
+		if !s.opts.StoreErrors || st.Code() == codes.OK || st.Code() == codes.Canceled || st.Code() == codes.DeadlineExceeded {
 			return idempotency.Response{}, herr
 		}
 		b, err := proto.Marshal(st.Proto())

@@ -305,6 +305,10 @@ func TestHandlerErrors(t *testing.T) {
 		{"internal-keeps-claim", codes.Internal, false, codes.Aborted, 1},
 		{"not-found-stored", codes.NotFound, true, codes.NotFound, 1},
 		{"unavailable-released-even-when-storing", codes.Unavailable, true, codes.OK, 2},
+		// These describe the call (the client left, its deadline passed),
+		// not the operation: never stored, the claim is kept.
+		{"canceled-never-stored", codes.Canceled, true, codes.Aborted, 1},
+		{"deadline-exceeded-never-stored", codes.DeadlineExceeded, true, codes.Aborted, 1},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
