@@ -76,7 +76,12 @@
 // failed so may or may not have been applied. Options.OpTimeout bounds each
 // operation: with a client whose ContextTimeoutEnabled is set the deadline
 // reaches the socket; otherwise the store stops waiting at the deadline and
-// leaves the call to the client's own ReadTimeout. go-redis retries network
-// errors (MaxRetries); a retried Begin that had been applied finds its own
-// claim and reports it in flight, which is safe.
+// leaves the call to the client's own ReadTimeout. go-redis re-sends a
+// command after a read timeout or a connection lost while it waited for the
+// reply (MaxRetries); the store's writing scripts opt out of that (they are
+// sent at most once), because their first send may have run: a re-sent
+// Begin would find its own claim and answer "in flight", a re-sent Complete
+// or Release would find its own work done and answer ErrLeaseLost. Such a
+// call fails with ErrUnavailable instead. Failed dials, before anything was
+// sent, are still retried by the client's pool, and so are Get's reads.
 package redisstore

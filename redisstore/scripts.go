@@ -1,7 +1,5 @@
 package redisstore
 
-import "github.com/redis/go-redis/v9"
-
 // A record is one hash at prefix+key:
 //
 //	f  fingerprint          s  state: P (processing) or D (done)
@@ -59,7 +57,7 @@ end
 // ARGV: fingerprint, now s, now ns, lease s, lease ns, retention s, retention ns.
 // Reply: {code, fingerprint, state, token, lease end, window end, status,
 // header, body}; code 1 claimed, 0 existing record, 2 conflict.
-var beginScript = redis.NewScript(luaPrelude + `
+var beginScript = newScript(luaPrelude+`
 local k, fp = KEYS[1], ARGV[1]
 local ns, nn, server = clock(ARGV[2], ARGV[3])
 local now = ts(ns, nn)
@@ -82,11 +80,11 @@ if r[3] then redis.call('DEL', k) end
 redis.call('HSET', k, 'f', fp, 's', 'P', 't', t, 'l', lu, 'e', ex)
 gc(k, ex, ns, nn, server)
 return {1, fp, 'P', t, lu, ex}
-`)
+`, true)
 
 // ARGV: token, now s, now ns, retention s, retention ns, status, header
 // (empty for none), has body (1 or 0), body. Reply: 1 done, 0 lease lost.
-var completeScript = redis.NewScript(luaPrelude + `
+var completeScript = newScript(luaPrelude+`
 local k = KEYS[1]
 local r = redis.call('HMGET', k, 's', 't')
 if r[1] ~= 'P' or r[2] ~= ARGV[1] then return 0 end
@@ -98,10 +96,10 @@ if ARGV[7] ~= '' then redis.call('HSET', k, 'h', ARGV[7]) end
 if ARGV[8] == '1' then redis.call('HSET', k, 'b', ARGV[9]) end
 gc(k, ex, ns, nn, server)
 return 1
-`)
+`, true)
 
 // ARGV: token, now s, now ns, lease s, lease ns. Reply: 1 renewed, 0 lost.
-var extendScript = redis.NewScript(luaPrelude + `
+var extendScript = newScript(luaPrelude+`
 local k = KEYS[1]
 local r = redis.call('HMGET', k, 's', 't', 'e')
 if r[1] ~= 'P' or r[2] ~= ARGV[1] then return 0 end
@@ -112,25 +110,25 @@ if ex < lu then ex = lu end
 redis.call('HSET', k, 'l', lu, 'e', ex)
 gc(k, ex, ns, nn, server)
 return 1
-`)
+`, true)
 
 // ARGV: token. Reply: 1 released (a tombstone is left), 0 lease lost.
-var releaseScript = redis.NewScript(`
+var releaseScript = newScript(`
 local k = KEYS[1]
 local r = redis.call('HMGET', k, 's', 't')
 if r[1] ~= 'P' or r[2] ~= ARGV[1] then return 0 end
 redis.call('HDEL', k, 'f', 's', 'l', 'e', 'c', 'h', 'b')
 return 1
-`)
+`, true)
 
 // ARGV: now s, now ns. Reply: {} when not live, else the fields as
 // beginScript's reply with code 0.
-var getScript = redis.NewScript(luaPrelude + `
+var getScript = newScript(luaPrelude+`
 local ns, nn = clock(ARGV[1], ARGV[2])
 local r = redis.call('HMGET', KEYS[1], 'f', 's', 't', 'l', 'e', 'c', 'h', 'b')
 if not r[2] or not (ts(ns, nn) < r[5]) then return {} end
 return {0, r[1], r[2], r[3], r[4] or '', r[5], r[6], r[7], r[8]}
-`)
+`, false)
 
 // recordFields are the fields Delete removes; t stays as the tombstone.
 var recordFields = []string{"f", "s", "l", "e", "c", "h", "b"}

@@ -161,7 +161,7 @@ func (s *Store) checkEviction(log *slog.Logger, require bool) error {
 }
 
 // call runs script on key within OpTimeout.
-func (s *Store) call(ctx context.Context, op string, sc *redis.Script, key string, args ...any) (any, error) {
+func (s *Store) call(ctx context.Context, op string, sc *script, key string, args ...any) (any, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, fmt.Errorf("redisstore: %s: %w", op, err)
 	}
@@ -171,17 +171,76 @@ func (s *Store) call(ctx context.Context, op string, sc *redis.Script, key strin
 	var v any
 	var err error
 	if s.ctxHonored {
-		v, err = sc.Run(ctx, s.c, keys, args...).Result()
+		v, err = sc.run(ctx, s.c, keys, args)
 	} else {
 		v, err = s.detached(ctx, func(ctx context.Context) (any, error) {
-			return sc.Run(ctx, s.c, keys, args...).Result()
+			return sc.run(ctx, s.c, keys, args)
 		})
 	}
 	if err != nil {
+		if cerr := ctx.Err(); cerr != nil && !errors.Is(err, cerr) {
+			// A send cut short by the deadline fails with the socket's
+			// timeout; say why the deadline was there too.
+			err = fmt.Errorf("%w (%w)", err, cerr)
+		}
 		return nil, unavailable(op, err)
 	}
 	return v, nil
 }
+
+// script is a Lua script with its source, for the EVAL fallback.
+type script struct {
+	*redis.Script
+	src string
+	// writes: the script changes the record, so it is sent at most once.
+	writes bool
+}
+
+func newScript(src string, writes bool) *script {
+	return &script{Script: redis.NewScript(src), src: src, writes: writes}
+}
+
+// run is redis.Script.Run (EVALSHA, then EVAL on NOSCRIPT), except that a
+// script that writes is sent at most once. go-redis sends a command again
+// after a read timeout or a connection closed while waiting for the reply
+// (MaxRetries), by which time the first send may have been applied: a
+// claim re-sent so finds itself and answers "in flight", a Complete or
+// Release finds its own work done and answers ErrLeaseLost, which says
+// nothing changed. Both would be false answers. Sent once, the call fails
+// with ErrUnavailable instead, whose "may have been applied" is the truth.
+// A NOSCRIPT reply means nothing ran, so the EVAL that follows it is the
+// script's first run.
+func (sc *script) run(ctx context.Context, c redis.UniversalClient, keys []string, args []any) (any, error) {
+	if !sc.writes {
+		return sc.Run(ctx, c, keys, args...).Result()
+	}
+	v, err := sendOnce(ctx, c, "evalsha", sc.Hash(), keys, args)
+	if err != nil && (errors.Is(err, redis.ErrNoScript) || redis.HasErrorPrefix(err, "NOSCRIPT")) {
+		v, err = sendOnce(ctx, c, "eval", sc.src, keys, args)
+	}
+	return v, err
+}
+
+func sendOnce(ctx context.Context, c redis.UniversalClient, name, payload string, keys []string, args []any) (any, error) {
+	a := make([]any, 0, 3+len(keys)+len(args))
+	a = append(a, name, payload, len(keys))
+	for _, k := range keys {
+		a = append(a, k)
+	}
+	a = append(a, args...)
+	cmd := redis.NewCmd(ctx, a...)
+	cmd.SetFirstKeyPos(3) // Cluster routes by KEYS[1]
+	_ = c.Process(ctx, onceCmd{cmd})
+	return cmd.Result()
+}
+
+// onceCmd is a command that go-redis must not send a second time: its
+// NoRetry, part of the redis.Cmder interface, stops the client's retries
+// (single node and Cluster alike) once the command may have reached the
+// server. Commands that never left (a failed dial) are still retried.
+type onceCmd struct{ *redis.Cmd }
+
+func (onceCmd) NoRetry() bool { return true }
 
 // detached runs f and returns when it does or ctx ends, whichever is first.
 // f goes on until the client's own timeouts stop it.

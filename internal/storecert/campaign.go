@@ -52,16 +52,22 @@ type execution struct {
 }
 
 type campaign struct {
-	opts   Options
-	runID  string
-	rec    *recorder
-	guard  *idempotency.Guard
+	opts  Options
+	runID string
+	rec   *recorder
+	guard *idempotency.Guard
+	// stale is guard without lease renewal, for holders that outlive
+	// their lease, are taken over and then complete with a stale token.
+	stale  *idempotency.Guard
 	rep    *verdict.Report
 	lease  time.Duration
 	phases []phase
 	heal   func() error
 
 	start time.Time
+
+	// helpers are the successors started by stale holders.
+	helpers sync.WaitGroup
 
 	mu    sync.Mutex
 	execs map[string][]*execution // by key, in order of fn's start
@@ -118,6 +124,7 @@ func (c *campaign) run(ctx context.Context) {
 	}
 	cancel()
 	wg.Wait()
+	c.helpers.Wait()
 	if c.heal != nil {
 		if err := c.heal(); err != nil {
 			c.progress("campaign: heal: %v", err)
@@ -160,6 +167,14 @@ func (c *campaign) worker(ctx context.Context, w int) {
 
 var errAfterEffect = errors.New("storecert: fn failed after its side effect")
 
+// modeStale: calls whose mode (0-99) is below it run on the stale Guard;
+// modeSuccessor is the mode of the call that takes their key over: longer
+// than the lease, renewed.
+const (
+	modeStale     = 16
+	modeSuccessor = 25
+)
+
 // one runs one Guard.Do and checks what the Guard did with it.
 func (c *campaign) one(ctx context.Context, w int, key, fp string, mode int) {
 	tr := &doTrace{worker: w}
@@ -177,25 +192,41 @@ func (c *campaign) one(ctx context.Context, w int, key, fp string, mode int) {
 		c.execs[key] = append(c.execs[key], ex)
 		c.mu.Unlock()
 		switch {
-		case mode < 10:
+		case mode < modeStale:
+			// Unrenewed (the stale Guard) and longer than the lease: once
+			// the lease has run out a successor takes the key over, and
+			// this holder completes while the successor still runs. Its
+			// Complete must be fenced off.
+			time.Sleep(c.lease + c.lease/6)
+			c.helpers.Add(1)
+			go func() {
+				defer c.helpers.Done()
+				c.one(ctx, w+c.opts.Concurrency, key, fp, modeSuccessor)
+			}()
+			time.Sleep(c.lease / 3)
+		case mode < 20:
 			// Longer than the lease, and deaf to its loss: a holder that
 			// goes on after a takeover, whose Complete must be fenced off.
 			time.Sleep(2 * c.lease)
-		case mode < 18: // longer than the lease: the Guard must renew it
+		case mode < 28: // longer than the lease: the Guard must renew it
 			select {
 			case <-fctx.Done():
 			case <-time.After(c.lease + c.lease/3):
 			}
-		case mode < 28:
+		case mode < 38:
 			return idempotency.Response{}, errAfterEffect // the claim stays until its lease ends
-		case mode < 36:
+		case mode < 46:
 			return idempotency.Response{}, idempotency.Retryable(errors.New("refused")) // released
 		default:
 			time.Sleep(time.Duration(mode%4) * time.Millisecond)
 		}
 		return idempotency.Response{Status: 200, Body: []byte(key + "#" + strconv.FormatUint(tok, 10))}, nil
 	}
-	resp, out, err := c.guard.Do(dctx, key, fp, fn)
+	g := c.guard
+	if mode < modeStale && c.stale != nil {
+		g = c.stale
+	}
+	resp, out, err := g.Do(dctx, key, fp, fn)
 	done := time.Now().UnixNano()
 	tr.mu.Lock()
 	beginErr := tr.beginErr

@@ -41,7 +41,12 @@ func addSat(a int64, d time.Duration) int64 {
 	return a + int64(d)
 }
 
-func (s mstate) livePossible(in input) bool    { return in.nowLo < s.leaseHi+tolerance }
+// livePossible and expiredPossible saturate: an unknown call's lease on
+// the server's clock ends at MaxInt64, and MaxInt64+tolerance would wrap
+// to a negative instant that no lease is live before.
+func (s mstate) livePossible(in input) bool {
+	return in.nowLo < addSat(s.leaseHi, time.Duration(tolerance))
+}
 func (s mstate) expiredPossible(in input) bool { return in.nowHi >= s.leaseLo-tolerance }
 
 // holds reports whether token may name the current claim.

@@ -152,9 +152,12 @@ func certify(ctx context.Context, tgt *target, opts Options, rep *verdict.Report
 	}
 	defer f.close()
 	c.rec = newRecorder(f.store, campaignOpTimout, tgt.serverClock)
-	c.guard, err = idempotency.NewGuard(c.rec, &idempotency.Options{
-		Lease: campaignLease, Retention: max(time.Hour, 10*opts.Duration)})
-	if err != nil {
+	gopts := idempotency.Options{Lease: campaignLease, Retention: max(time.Hour, 10*opts.Duration)}
+	if c.guard, err = idempotency.NewGuard(c.rec, &gopts); err != nil {
+		return err
+	}
+	gopts.RenewEvery = -1
+	if c.stale, err = idempotency.NewGuard(c.rec, &gopts); err != nil {
 		return err
 	}
 	c.phases, c.heal = f.phases, f.heal
@@ -306,7 +309,23 @@ func resolveRemote(ctx context.Context, rawURL, scheme string) (*target, error) 
 			proxy.Stop()
 			return nil, fmt.Errorf("open %s through toxiproxy: %w", desc, err)
 		}
-		return proxied(ps, pcloser, proxy, seed), nil
+		f := proxied(ps, pcloser, proxy, seed)
+		if isRedis {
+			// A black hole for requests, not a stopped proxy: every
+			// refused dial makes go-redis's pool print a line to its
+			// process-wide logger, which only redis.SetLogger (for the
+			// whole process) could silence. Requests that vanish fail the
+			// same way for the store: ErrUnavailable, nothing applied.
+			f.cut = func() error {
+				if err := f.heal(); err != nil {
+					return err
+				}
+				_, err := proxy.Toxics.AddToxicJson(strings.NewReader(
+					`{"name":"cut","type":"timeout","stream":"upstream","toxicity":1,"attributes":{"timeout":0}}`))
+				return err
+			}
+		}
+		return f, nil
 	}
 	return tgt, nil
 }
