@@ -2,6 +2,7 @@ package idemhttp
 
 import (
 	"context"
+	"crypto/sha256"
 	"encoding/json"
 	"io"
 	"net/http"
@@ -204,5 +205,27 @@ func BenchmarkGuardRun(b *testing.B) {
 			b.Fatal(r.Outcome, err)
 		}
 		i++
+	}
+}
+
+// BenchmarkFingerprint is the hashing part of the middleware's own cost:
+// the canonical form and SHA-256 of the benchmark request, small and large
+// bodies.
+func BenchmarkFingerprint(b *testing.B) {
+	for _, size := range []int{len(benchBody), 64 << 10} {
+		b.Run(strconv.Itoa(size), func(b *testing.B) {
+			f := newFingerprinter()
+			r, _, _ := benchRequest()
+			body := []byte(strings.Repeat(benchBody, size/len(benchBody)+1)[:size])
+			buf := make([]byte, 0, 128)
+			b.SetBytes(int64(size))
+			b.ReportAllocs()
+			for b.Loop() {
+				buf = f.appendFingerprint(buf[:0], r, []string{"Content-Type"}, body)
+				if len(buf) != 2*sha256.Size {
+					b.Fatal(len(buf))
+				}
+			}
+		})
 	}
 }

@@ -9,7 +9,6 @@ import (
 	"net/textproto"
 	"slices"
 	"strings"
-	"time"
 )
 
 // trailerKey prefixes the trailers of a stored response in its Header. The
@@ -36,7 +35,6 @@ type captureWriter struct {
 	// on the response is only captured, and writes report success, so
 	// that the handler finishes and its response is stored for the retry.
 	gone bool
-	now  time.Time // when the request started, for the window header
 }
 
 var (
@@ -47,8 +45,8 @@ var (
 	_ io.StringWriter     = (*captureWriter)(nil)
 )
 
-func (cw *captureWriter) reset(w http.ResponseWriter, m *Middleware, now time.Time) {
-	cw.w, cw.m, cw.now = w, m, now
+func (cw *captureWriter) reset(w http.ResponseWriter, m *Middleware) {
+	cw.w, cw.m = w, m
 	cw.status = 0
 	cw.tooLarge, cw.hijacked, cw.keep, cw.aborted, cw.gone = false, false, false, false, false
 	cw.body = cw.body[:0]
@@ -86,7 +84,10 @@ func (cw *captureWriter) WriteHeader(code int) {
 		}
 	}
 	if m.windowHeader != "" && !cw.keep && m.storeStatus(code) {
-		h[m.windowHeader] = []string{m.window.format(cw.now.Add(m.retention))}
+		// The window runs from when the result is stored, a little later:
+		// the clock read now is the closest lower bound at hand, and only
+		// responses that send it pay for reading it.
+		h[m.windowHeader] = []string{m.window.format(m.now().Add(m.retention))}
 	}
 	cw.w.WriteHeader(code)
 }

@@ -47,9 +47,9 @@
 //
 // The window is advertised in Idempotency-Expires (Options.WindowHeader),
 // an IMF-fixdate: on a replay the record's expiry, on an executed response
-// whose status is stored the request's start plus the Guard's Retention (the
-// stored record lives a little longer, from when it was stored). It is not
-// a standard header.
+// whose status is stored the time the status is sent plus the Guard's
+// Retention (the stored record lives a little longer, from when it was
+// stored). It is not a standard header.
 //
 // # Capture
 //

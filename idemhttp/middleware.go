@@ -498,7 +498,7 @@ func (m *Middleware) serve(next http.Handler, w http.ResponseWriter, r *http.Req
 		ctx = context.WithoutCancel(ctx)
 	}
 	cw := &st.cw
-	cw.reset(w, m, m.now())
+	cw.reset(w, m)
 	finished := false
 	if m.observer != nil {
 		defer func() {
@@ -659,9 +659,14 @@ func (m *Middleware) replay(w http.ResponseWriter, res idempotency.Result) (Outc
 	if trailers != nil {
 		h["Trailer"] = trailers
 	}
-	h[ReplayedHeader] = []string{"true"}
+	// The two fields the middleware adds share one backing array; each
+	// slice is capped at its own element, so an append to one (Header.Add)
+	// copies instead of writing over the other.
 	if m.windowHeader != "" && !res.ExpiresAt.IsZero() {
-		h[m.windowHeader] = []string{m.window.format(res.ExpiresAt)}
+		vals := []string{"true", m.window.format(res.ExpiresAt)}
+		h[ReplayedHeader], h[m.windowHeader] = vals[0:1:1], vals[1:2:2]
+	} else {
+		h[ReplayedHeader] = []string{"true"}
 	}
 	w.WriteHeader(resp.Status)
 	if len(resp.Body) > 0 {

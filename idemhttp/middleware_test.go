@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/http/httptest"
 	"strconv"
 	"strings"
 	"sync"
@@ -568,5 +569,49 @@ func TestStoreFailsAfterTheHandlerRan(t *testing.T) {
 	}
 	if f.calls.Load() != 1 {
 		t.Fatalf("handler ran %d times", f.calls.Load())
+	}
+}
+
+// addOnWriteHeader is an outer wrapper that appends to the replay marker
+// when the status is sent, as a logging or tagging middleware might.
+type addOnWriteHeader struct{ http.ResponseWriter }
+
+func (a addOnWriteHeader) WriteHeader(code int) {
+	a.Header().Add(ReplayedHeader, "tagged")
+	a.ResponseWriter.WriteHeader(code)
+}
+
+// The replay's marker and window fields share one backing array; an append
+// to one must not write over the other.
+func TestReplayAddedFieldsAreIndependent(t *testing.T) {
+	g, err := idempotency.NewGuard(idempotency.NewMemoryStore(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := New(g, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := m.Handler(http.HandlerFunc(created))
+	send := func() *httptest.ResponseRecorder {
+		r := httptest.NewRequest(http.MethodPost, "/orders", strings.NewReader("{}"))
+		r.Header.Set("Idempotency-Key", `"k"`)
+		w := httptest.NewRecorder()
+		h.ServeHTTP(addOnWriteHeader{w}, r)
+		return w
+	}
+	first := send()
+	window := first.Header().Get(DefaultWindowHeader)
+	if _, err := http.ParseTime(window); err != nil {
+		t.Fatalf("first window %q: %v", window, err)
+	}
+	second := send()
+	if got := second.Header()[ReplayedHeader]; len(got) != 2 || got[0] != "true" || got[1] != "tagged" {
+		t.Fatalf("replay marker %q, want [true tagged]", got)
+	}
+	if got := second.Header()[DefaultWindowHeader]; len(got) != 1 {
+		t.Fatalf("window field %q after an append to the marker", got)
+	} else if _, err := http.ParseTime(got[0]); err != nil {
+		t.Fatalf("window field %q after an append to the marker: %v", got[0], err)
 	}
 }
