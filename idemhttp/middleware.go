@@ -357,7 +357,6 @@ func (m *Middleware) guards(method string) bool {
 type state struct {
 	fp      fingerprinter
 	cw      captureWriter
-	body    bodyReader
 	bodyBuf []byte
 	key     []byte
 }
@@ -375,7 +374,6 @@ var statePool = sync.Pool{New: func() any {
 
 func (st *state) release() {
 	st.cw.release()
-	st.body = bodyReader{}
 	if cap(st.bodyBuf) > maxPooledBuffer {
 		st.bodyBuf = nil
 	}
@@ -510,8 +508,12 @@ func (m *Middleware) serve(next http.Handler, w http.ResponseWriter, r *http.Req
 	fn := func(ctx context.Context) (resp idempotency.Response, err error) {
 		r2 := r.WithContext(ctx)
 		if body != nil {
-			st.body = bodyReader{b: body}
-			r2.Body = &st.body
+			// The handler's body may be read after the handler returns (an
+			// http.Transport copies a proxied request's body from its own
+			// write loop, which can outlive RoundTrip), so neither the reader
+			// nor the bytes go back to the pool with st.
+			r2.Body = &bodyReader{b: body}
+			st.bodyBuf = nil
 		}
 		defer func() {
 			// http.ErrAbortHandler is how a handler (ReverseProxy, when the
