@@ -9,6 +9,7 @@ import (
 	"io"
 	"net/http"
 	"net/textproto"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -415,6 +416,24 @@ func (st *state) readBody(r *http.Request, limit int64) ([]byte, error) {
 	}
 }
 
+// ownedBody is a bodyReader with room for a small body inline, so that the
+// handler's own copy of a small body costs one allocation.
+type ownedBody struct {
+	bodyReader
+	inline [512]byte
+}
+
+// ownBody returns a reader over a copy of b that nothing else will reuse.
+func ownBody(b []byte) io.ReadCloser {
+	ob := &ownedBody{}
+	if len(b) <= len(ob.inline) {
+		ob.b = ob.inline[:copy(ob.inline[:], b)]
+	} else {
+		ob.b = slices.Clone(b)
+	}
+	return ob
+}
+
 // bodyReader gives the handler the body the middleware read.
 type bodyReader struct {
 	b   []byte
@@ -510,10 +529,9 @@ func (m *Middleware) serve(next http.Handler, w http.ResponseWriter, r *http.Req
 		if body != nil {
 			// The handler's body may be read after the handler returns (an
 			// http.Transport copies a proxied request's body from its own
-			// write loop, which can outlive RoundTrip), so neither the reader
-			// nor the bytes go back to the pool with st.
-			r2.Body = &bodyReader{b: body}
-			st.bodyBuf = nil
+			// write loop, which can outlive RoundTrip), so the handler gets
+			// a copy of its own, not the pooled buffer.
+			r2.Body = ownBody(body)
 		}
 		defer func() {
 			// http.ErrAbortHandler is how a handler (ReverseProxy, when the
