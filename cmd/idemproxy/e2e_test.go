@@ -11,7 +11,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/archlab/idempotency/internal/testenv"
@@ -189,23 +188,6 @@ func redisTestStore(t *testing.T) string {
 // a schema of the test's own, dropped when the test ends.
 func postgresTestStore(t *testing.T) string {
 	t.Helper()
-	base := testenv.PostgresURL(t)
-	schema := fmt.Sprintf("idemproxy_test_%d", time.Now().UnixNano())
-	t.Cleanup(func() {
-		ctx := context.Background()
-		conn, err := pgx.Connect(ctx, base)
-		if err != nil {
-			t.Logf("cleanup: %v", err)
-			return
-		}
-		defer conn.Close(ctx)
-		if _, err := conn.Exec(ctx, "DROP SCHEMA IF EXISTS "+schema+" CASCADE"); err != nil {
-			t.Logf("cleanup: %v", err)
-		}
-	})
-	sep := "?"
-	if strings.Contains(base, "?") {
-		sep = "&"
-	}
-	return base + sep + "schema=" + schema
+	url, _ := testenv.PostgresStoreURL(t, "idemproxy_test_")
+	return url
 }

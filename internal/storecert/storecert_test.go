@@ -3,7 +3,6 @@ package storecert
 import (
 	"bytes"
 	"context"
-	"fmt"
 	"math"
 	"os"
 	"path/filepath"
@@ -11,8 +10,6 @@ import (
 	"sync"
 	"testing"
 	"time"
-
-	"github.com/jackc/pgx/v5"
 
 	"github.com/archlab/idempotency"
 	"github.com/archlab/idempotency/internal/testenv"
@@ -107,24 +104,8 @@ func TestRunRedis(t *testing.T) {
 }
 
 func TestRunPostgres(t *testing.T) {
-	url := testenv.PostgresURL(t)
-	schema := "storecert_" + newRunID()
-	ctx := context.Background()
-	conn, err := pgx.Connect(ctx, url)
-	if err != nil {
-		testenv.Missing(t, fmt.Sprintf("PostgreSQL at %s: %v", testenv.PostgresURLVar, err))
-	}
-	t.Cleanup(func() {
-		if _, err := conn.Exec(ctx, "DROP SCHEMA IF EXISTS "+schema+" CASCADE"); err != nil {
-			t.Errorf("dropping schema %s: %v", schema, err)
-		}
-		_ = conn.Close(ctx)
-	})
-	sep := "?"
-	if strings.Contains(url, "?") {
-		sep = "&"
-	}
-	certifies(t, url+sep+"schema="+schema)
+	url, _ := testenv.PostgresStoreURL(t, "storecert_")
+	certifies(t, url)
 }
 
 func TestRunUnopenable(t *testing.T) {

@@ -10,8 +10,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-
 	"github.com/archlab/idempotency"
 	"github.com/archlab/idempotency/internal/testenv"
 )
@@ -135,25 +133,9 @@ func TestRedisCluster(t *testing.T) {
 }
 
 func TestPostgres(t *testing.T) {
-	base := testenv.PostgresURL(t)
-	schema := unique(t)
+	url, _ := testenv.PostgresStoreURL(t, "t")
 	ctx := context.Background()
-	t.Cleanup(func() {
-		conn, err := pgx.Connect(ctx, base)
-		if err != nil {
-			t.Logf("cleanup: %v", err)
-			return
-		}
-		defer conn.Close(ctx)
-		if _, err := conn.Exec(ctx, "DROP SCHEMA IF EXISTS "+schema+" CASCADE"); err != nil {
-			t.Logf("cleanup: %v", err)
-		}
-	})
-	sep := "?"
-	if strings.Contains(base, "?") {
-		sep = "&"
-	}
-	raw := base + sep + "schema=" + schema + "&table=keys"
+	raw := url + "&table=keys"
 	// Without Migrate the schema is not created, so the store fails.
 	bare := open(t, raw, Options{})
 	if _, _, err := bare.Begin(ctx, "k", "fp", time.Now(), time.Minute, time.Hour); err == nil {
