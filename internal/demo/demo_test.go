@@ -105,16 +105,10 @@ func TestCampaignOnServices(t *testing.T) {
 		name string
 		url  func(t *testing.T) string
 	}{
-		{"redis", func(t *testing.T) string {
-			return testenv.RedisURL(t) + "?prefix=" + fmt.Sprintf("demo-test-%d:", time.Now().UnixNano())
-		}},
+		{"redis", func(t *testing.T) string { return testenv.RedisStoreURL(t, "demo-test-") }},
 		{"postgres", func(t *testing.T) string {
-			u := testenv.PostgresURL(t)
-			sep := "?"
-			if strings.Contains(u, "?") {
-				sep = "&"
-			}
-			return u + sep + "table=demo_test_records"
+			u, _ := testenv.PostgresStoreURL(t, "demo_test_")
+			return u
 		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
