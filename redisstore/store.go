@@ -178,7 +178,13 @@ func (s *Store) call(ctx context.Context, op string, sc *script, key string, arg
 		})
 	}
 	if err != nil {
-		if cerr := ctx.Err(); cerr != nil && !errors.Is(err, cerr) {
+		cerr := ctx.Err()
+		if dl, ok := ctx.Deadline(); cerr == nil && ok && !time.Now().Before(dl) {
+			// The socket's deadline (set from ctx's) can fire a moment
+			// before ctx's own timer marks it done.
+			cerr = context.DeadlineExceeded
+		}
+		if cerr != nil && !errors.Is(err, cerr) {
 			// A send cut short by the deadline fails with the socket's
 			// timeout; say why the deadline was there too.
 			err = fmt.Errorf("%w (%w)", err, cerr)
