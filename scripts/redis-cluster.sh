@@ -14,8 +14,30 @@ usage() { echo "usage: $0 start|stop DIR" >&2; exit 2; }
 cmd=$1
 dir=$2
 
+# free_port prints a port that is free on 127.0.0.1 together with the port
+# 10000 above it, which a cluster node uses for its bus (so the node's port
+# must be at most 55535; an ephemeral port from the kernel often is not).
 free_port() {
-	python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1]); s.close()'
+	python3 - <<'PY'
+import random, socket
+for _ in range(1000):
+    p = random.randint(20000, 45000)
+    socks = []
+    try:
+        for q in (p, p + 10000):
+            s = socket.socket()
+            s.bind(("127.0.0.1", q))
+            socks.append(s)
+    except OSError:
+        continue
+    finally:
+        for s in socks:
+            s.close()
+    print(p)
+    break
+else:
+    raise SystemExit("no free port pair")
+PY
 }
 
 case $cmd in
