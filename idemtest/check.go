@@ -67,6 +67,9 @@ func (c Clause) Check(ctx context.Context, s idempotency.Store) error {
 	if c.fn == nil {
 		return errors.New("idemtest: the zero Clause checks nothing")
 	}
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("%s: not run: %w", c.Name, err)
+	}
 	col := &collector{}
 	done := make(chan struct{})
 	go func() {
@@ -84,6 +87,11 @@ func (c Clause) Check(ctx context.Context, s idempotency.Store) error {
 	}()
 	select {
 	case <-done:
+		if err := ctx.Err(); err != nil {
+			// The clause finished, but its store calls may have failed only
+			// because ctx ended: that is no verdict on the store.
+			col.add(fmt.Errorf("%s: ctx ended during the check: %w", c.Name, err))
+		}
 	case <-ctx.Done():
 		col.add(fmt.Errorf("%s: abandoned: %w", c.Name, ctx.Err()))
 	}
