@@ -21,9 +21,11 @@
 // reads the key's row and, only when it is absent, expired or abandoned,
 // claims it with an INSERT ... ON CONFLICT DO UPDATE, all in one statement
 // (a CTE); a replay, an in-flight or a conflicting answer thus takes no row
-// lock and writes nothing. Complete, Extend and Release are an UPDATE or
-// DELETE on key, token and state. So a new request costs two statements
-// (Begin, Complete) and a replay one.
+// lock and writes nothing. Complete, Extend and Release are an UPDATE on
+// key, token and state; Release and Delete leave an expired tombstone so
+// that the next claim draws its token under the row lock and tokens keep
+// increasing. So a new request costs two statements (Begin, Complete) and a
+// replay one.
 //
 // CompleteTx runs Complete's statement in the caller's pgx.Tx, so that the
 // business write and the stored result commit or roll back together. If the

@@ -169,8 +169,19 @@ WHERE key = $1 AND token = $2 AND state = 'PROCESSING'`, 7)
 	s.extendSQL = sql(`UPDATE {{table}} SET lease_until = {{now}} + $3::bigint,
 	expires_at = greatest(expires_at, {{now}} + $3::bigint)
 WHERE key = $1 AND token = $2 AND state = 'PROCESSING'`, 4)
-	s.releaseSQL = sql(`DELETE FROM {{table}} WHERE key = $1 AND token = $2 AND state = 'PROCESSING'`, 0)
-	s.deleteSQL = sql(`DELETE FROM {{table}} WHERE key = $1`, 0)
+	// Release and Delete leave a tombstone, not a gap: the row stays, done
+	// and already expired, so the next Begin claims it through ON CONFLICT
+	// DO UPDATE, which takes its token from the sequence under the row
+	// lock. Deleting the row let a Begin that had drawn its token before the
+	// release insert it afterwards: a token smaller than the released one
+	// (idemcheck's store mode caught it). Sweep removes tombstones like any
+	// expired row.
+	s.releaseSQL = sql(`UPDATE {{table}} SET state = 'DONE', lease_until = NULL, expires_at = 0,
+	status = NULL, headers = NULL, body = NULL
+WHERE key = $1 AND token = $2 AND state = 'PROCESSING'`, 0)
+	s.deleteSQL = sql(`UPDATE {{table}} SET state = 'DONE', lease_until = NULL, expires_at = 0,
+	status = NULL, headers = NULL, body = NULL
+WHERE key = $1`, 0)
 	// $1 key, $2 now.
 	s.getSQL = sql(`SELECT fingerprint, state, token, lease_until, expires_at, status, headers, body
 FROM {{table}} WHERE key = $1 AND expires_at > {{now}}`, 2)
