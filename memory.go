@@ -68,17 +68,81 @@ func NewMemoryStoreWith(opts *MemoryOptions) (*MemoryStore, error) {
 	}
 	s := &MemoryStore{seed: maphash.MakeSeed(), max: int64(opts.MaxRecords)}
 	for i := range s.shards {
-		s.shards[i].recs = make(map[string]memRecord)
+		s.shards[i].idx = make(map[string]int32)
 	}
 	return s, nil
 }
 
+// memShard holds its records in a slice, found through a map from key to
+// position: the map's slots stay small (a string and an int32), so a new key
+// mostly costs a small map slot, and an operation reads and writes its record
+// in place instead of copying it out of the map and back. Positions freed by
+// deletes are reused; when most of the slice is free, it is compacted and the
+// map rebuilt, so that memory follows the live window after a burst (a Go map
+// never shrinks by itself).
 type memShard struct {
 	mu   sync.Mutex
-	recs map[string]memRecord
+	idx  map[string]int32
+	recs []memRecord
+	free []int32
 	exp  expiryHeap
 	slab []byte   // where small stored bodies are copied; see keepBody
 	_    [64]byte // keep hot shard locks on separate cache lines
+}
+
+// compactMin is the number of free positions below which a shard is never
+// compacted.
+const compactMin = 256
+
+// get returns key's record, to read and change in place. sh is locked.
+func (sh *memShard) get(key string) *memRecord {
+	i, ok := sh.idx[key]
+	if !ok {
+		return nil
+	}
+	return &sh.recs[i]
+}
+
+// add stores a new record for key, which has none. sh is locked.
+func (sh *memShard) add(key string, rec memRecord) {
+	rec.key = key
+	var i int32
+	if n := len(sh.free); n > 0 {
+		i = sh.free[n-1]
+		sh.free = sh.free[:n-1]
+		sh.recs[i] = rec
+	} else {
+		i = int32(len(sh.recs))
+		sh.recs = append(sh.recs, rec)
+	}
+	sh.idx[key] = i
+}
+
+// remove deletes key's record, which exists. sh is locked.
+func (sh *memShard) remove(key string) {
+	i := sh.idx[key]
+	delete(sh.idx, key)
+	sh.recs[i] = memRecord{} // drop its references
+	sh.free = append(sh.free, i)
+	if len(sh.free) >= compactMin && len(sh.free) > len(sh.recs)/2 {
+		sh.compact()
+	}
+}
+
+// compact moves the live records to a new slice of their size and rebuilds
+// the map for it. Its cost, one pass over the live records, is paid at most
+// once per as many deletes as there are live records.
+func (sh *memShard) compact() {
+	live := len(sh.recs) - len(sh.free)
+	recs := make([]memRecord, 0, live)
+	idx := make(map[string]int32, live)
+	for i := range sh.recs {
+		if r := &sh.recs[i]; r.state != 0 {
+			idx[r.key] = int32(len(recs))
+			recs = append(recs, *r)
+		}
+	}
+	sh.recs, sh.idx, sh.free = recs, idx, nil
 }
 
 // Bodies up to slabMax bytes are copied into a shard's current slab of
@@ -101,9 +165,10 @@ const (
 )
 
 // memRecord is a Record with times as Unix nanoseconds (0: zero time) and
-// the state in a byte, to keep the map's slots small: a new key's cost is
-// mostly the map growing. It is held by value: no allocation per record.
+// the state in a byte (0: a free position). It is held by value in its
+// shard's slice: no allocation per record.
 type memRecord struct {
+	key        string // the record's own key, for compact
 	fp         string
 	body       []byte
 	header     map[string][]string
@@ -217,17 +282,22 @@ func (s *MemoryStore) Begin(ctx context.Context, key, fingerprint string, now ti
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
 	s.sweep(sh, n, sweepPerWrite)
-	rec, ok := sh.recs[key]
-	if !ok || n >= rec.expiresAt {
-		if !ok && !s.reserve(sh, n) {
+	rec := sh.get(key)
+	if rec == nil || n >= rec.expiresAt {
+		if rec == nil && !s.reserve(sh, n) {
 			return Record{}, false, fmt.Errorf("idempotency: memory begin: %w: store full (%d records)", ErrUnavailable, s.max)
 		}
-		rec = memRecord{fp: fingerprint, state: memProcessing, token: s.tokens.Add(1),
+		fresh := memRecord{fp: fingerprint, state: memProcessing, token: s.tokens.Add(1),
 			leaseUntil: n + int64(lease), expiresAt: n + int64(retention)}
-		rec.queuedAt = rec.expiresAt
-		sh.recs[key] = rec
-		sh.exp.push(expiry{at: rec.expiresAt, key: key})
-		return rec.record(false), true, nil
+		fresh.queuedAt = fresh.expiresAt
+		if rec == nil {
+			sh.add(key, fresh)
+		} else {
+			fresh.key = rec.key
+			*rec = fresh
+		}
+		sh.exp.push(expiry{at: fresh.expiresAt, key: key})
+		return fresh.record(false), true, nil
 	}
 	if rec.fp != fingerprint {
 		return Record{State: Conflict, Fingerprint: rec.fp, ExpiresAt: unixTime(rec.expiresAt)}, false, nil
@@ -241,7 +311,6 @@ func (s *MemoryStore) Begin(ctx context.Context, key, fingerprint string, now ti
 	rec.token = s.tokens.Add(1)
 	rec.leaseUntil = n + int64(lease)
 	rec.expiresAt = max(rec.expiresAt, rec.leaseUntil)
-	sh.recs[key] = rec
 	return rec.record(false), true, nil
 }
 
@@ -287,17 +356,16 @@ func (s *MemoryStore) sweep(sh *memShard, now int64, limit int) {
 		if !ok {
 			return
 		}
-		rec, ok := sh.recs[e.key]
-		if !ok || rec.queuedAt != e.at {
+		rec := sh.get(e.key)
+		if rec == nil || rec.queuedAt != e.at {
 			continue
 		}
 		if rec.expiresAt <= now {
-			delete(sh.recs, e.key)
+			sh.remove(e.key)
 			s.count.Add(-1)
 			continue
 		}
 		rec.queuedAt = rec.expiresAt
-		sh.recs[e.key] = rec
 		sh.exp.push(expiry{at: rec.expiresAt, key: e.key})
 	}
 }
@@ -312,8 +380,8 @@ func (s *MemoryStore) Complete(ctx context.Context, key string, token uint64, re
 	header := copyHeader(resp.Header)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
-	rec, ok := sh.recs[key]
-	if !ok || rec.token != token || rec.state != memProcessing {
+	rec := sh.get(key)
+	if rec == nil || rec.token != token || rec.state != memProcessing {
 		return fmt.Errorf("idempotency: memory complete: %w", ErrLeaseLost)
 	}
 	rec.state = memDone
@@ -325,7 +393,6 @@ func (s *MemoryStore) Complete(ctx context.Context, key string, token uint64, re
 		rec.queuedAt = rec.expiresAt
 		sh.exp.push(expiry{at: rec.expiresAt, key: key})
 	}
-	sh.recs[key] = rec
 	s.sweep(sh, n, sweepPerWrite)
 	return nil
 }
@@ -338,13 +405,12 @@ func (s *MemoryStore) Extend(ctx context.Context, key string, token uint64, now 
 	sh := s.shard(key)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
-	rec, ok := sh.recs[key]
-	if !ok || rec.token != token || rec.state != memProcessing {
+	rec := sh.get(key)
+	if rec == nil || rec.token != token || rec.state != memProcessing {
 		return fmt.Errorf("idempotency: memory extend: %w", ErrLeaseLost)
 	}
 	rec.leaseUntil = now.UnixNano() + int64(lease)
 	rec.expiresAt = max(rec.expiresAt, rec.leaseUntil)
-	sh.recs[key] = rec
 	return nil
 }
 
@@ -356,11 +422,11 @@ func (s *MemoryStore) Release(ctx context.Context, key string, token uint64) err
 	sh := s.shard(key)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
-	rec, ok := sh.recs[key]
-	if !ok || rec.token != token || rec.state != memProcessing {
+	rec := sh.get(key)
+	if rec == nil || rec.token != token || rec.state != memProcessing {
 		return fmt.Errorf("idempotency: memory release: %w", ErrLeaseLost)
 	}
-	delete(sh.recs, key)
+	sh.remove(key)
 	s.count.Add(-1)
 	return nil
 }
@@ -373,8 +439,8 @@ func (s *MemoryStore) Get(ctx context.Context, key string, now time.Time) (Recor
 	sh := s.shard(key)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
-	rec, ok := sh.recs[key]
-	if !ok || now.UnixNano() >= rec.expiresAt {
+	rec := sh.get(key)
+	if rec == nil || now.UnixNano() >= rec.expiresAt {
 		return Record{}, fmt.Errorf("idempotency: memory get %q: %w", key, ErrNotFound)
 	}
 	return rec.record(rec.state == memDone), nil
@@ -388,8 +454,8 @@ func (s *MemoryStore) Delete(ctx context.Context, key string) error {
 	sh := s.shard(key)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
-	if _, ok := sh.recs[key]; ok {
-		delete(sh.recs, key)
+	if sh.get(key) != nil {
+		sh.remove(key)
 		s.count.Add(-1)
 	}
 	return nil
@@ -407,9 +473,9 @@ func (s *MemoryStore) Keys(now time.Time) []string {
 	for i := range s.shards {
 		sh := &s.shards[i]
 		sh.mu.Lock()
-		for k, rec := range sh.recs {
-			if n < rec.expiresAt {
-				keys = append(keys, k)
+		for i := range sh.recs {
+			if r := &sh.recs[i]; r.state != 0 && n < r.expiresAt {
+				keys = append(keys, r.key)
 			}
 		}
 		sh.mu.Unlock()

@@ -34,7 +34,7 @@ go mod tidy >/dev/null 2>&1 || true
 # both alike instead of on whichever ran during a busy spell.
 go test -c -tags corebench -o "$tmp/corebench.test" .
 for _ in $(seq "$count"); do
-  "$tmp/corebench.test" -test.run '^$' -test.bench . -test.benchmem -test.count 1 -test.benchtime "$benchtime"
+  "$tmp/corebench.test" -test.run '^$' -test.bench "${BENCH:-.}" -test.benchmem -test.count 1 -test.benchtime "$benchtime"
 done | tee "$tmp/out.txt"
 if command -v benchstat >/dev/null 2>&1; then
   echo
