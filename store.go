@@ -70,6 +70,11 @@ type Record struct {
 // done when a method is called, the method changes nothing and returns an
 // error that wraps ctx.Err(). If ctx ends while a remote call is under way,
 // the write may or may not have been applied, as with any ErrUnavailable.
+// The Guard calls Complete and Release after fn with a context that keeps
+// the caller's values but not its cancellation (the side effect has
+// happened; its result must be stored even if the caller has gone away), so
+// a Store that makes remote calls must bound each one with a timeout of its
+// own, as every engine in this module does.
 //
 // Errors. Failures of the engine itself (network, timeouts, a full store,
 // a closed store) wrap ErrUnavailable together with the native error. The

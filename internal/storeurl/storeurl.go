@@ -150,6 +150,10 @@ func openRedis(ctx context.Context, rawURL string, opts Options) (idempotency.St
 	if err != nil {
 		return nil, nil, invalid("%v", err)
 	}
+	// The store's per-operation deadline then reaches the socket, and no
+	// goroutine is left waiting on a server that does not answer (see
+	// redisstore's doc on ContextTimeoutEnabled).
+	ro.ContextTimeoutEnabled = true
 	return newRedis(ctx, redis.NewClient(ro), p, opts)
 }
 
@@ -197,6 +201,7 @@ func openCluster(ctx context.Context, scheme, rest string, opts Options) (idempo
 	if err != nil {
 		return nil, nil, invalid("%v", err)
 	}
+	co.ContextTimeoutEnabled = true
 	return newRedis(ctx, redis.NewClusterClient(co), p, opts)
 }
 

@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/archlab/idempotency"
 	"github.com/archlab/idempotency/internal/testenv"
 )
@@ -205,4 +207,44 @@ func TestClusterUnreachable(t *testing.T) {
 	if _, err := s.Get(ctx, "k", time.Now()); !errors.Is(err, idempotency.ErrUnavailable) {
 		t.Fatalf("Get on unreachable cluster = %v; want ErrUnavailable", err)
 	}
+}
+
+// TestRedisDeadlineReachesSocket: the clients Open makes carry the store's
+// per-operation deadline to the socket (ContextTimeoutEnabled), so that no
+// call is left running in a goroutine of its own past OpTimeout, held only
+// by the client's ReadTimeout.
+func TestRedisDeadlineReachesSocket(t *testing.T) {
+	check := func(t *testing.T, raw string) {
+		t.Helper()
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		_, c, err := Open(ctx, raw, Options{})
+		if err != nil {
+			t.Fatalf("Open(%q): %v", raw, err)
+		}
+		defer c.Close()
+		var enabled bool
+		switch c := c.(type) {
+		case *redis.Client:
+			enabled = c.Options().ContextTimeoutEnabled
+		case *redis.ClusterClient:
+			enabled = c.Options().ContextTimeoutEnabled
+		default:
+			t.Fatalf("Open(%q) closer is a %T, want a go-redis client", raw, c)
+		}
+		if !enabled {
+			t.Errorf("Open(%q): client without ContextTimeoutEnabled", raw)
+		}
+	}
+	t.Run("single", func(t *testing.T) {
+		base := testenv.RedisURL(t)
+		sep := "?"
+		if strings.Contains(base, "?") {
+			sep = "&"
+		}
+		check(t, base+sep+"prefix="+unique(t)+":")
+	})
+	t.Run("cluster", func(t *testing.T) {
+		check(t, "redis+cluster://"+strings.Join(testenv.RedisCluster(t), ",")+"?prefix="+unique(t)+":")
+	})
 }
