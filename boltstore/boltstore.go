@@ -4,7 +4,9 @@
 // Durability. Every Begin, Complete, Extend, Release and Delete that returns
 // without error has been committed and fsynced: a crash right after it
 // returns loses nothing (a killed process always; a power cut on a disk that
-// honours fsync). Get reads a snapshot and writes nothing.
+// honours fsync). Get reads a snapshot and writes nothing; like the answers
+// Begin gives from a read transaction, it waits for a commit under way
+// rather than answer from it before it is synced.
 //
 // Group commit. One write transaction, and so one fsync, runs at a time in a
 // bbolt file. The Store therefore funnels writes through a single committer
@@ -105,6 +107,9 @@ type Store struct {
 	solo bool
 	// commits counts write transactions (each one fsync), for benchmarks.
 	commits atomic.Uint64
+	// pending is the committer's transaction under way, until its Update
+	// returns; see read.
+	pending atomic.Pointer[pendingCommit]
 
 	reqs      chan *op
 	quit      chan struct{}
@@ -433,17 +438,43 @@ func (s *Store) Begin(ctx context.Context, key, fingerprint string, now time.Tim
 	return out, claimed, nil
 }
 
-// read returns key's record from a read transaction.
-func (s *Store) read(key string) (cur rec, found bool, err error) {
-	err = s.db.View(func(tx *bolt.Tx) error {
-		b, err := s.buckets(tx)
-		if err != nil {
+// pendingCommit is a write transaction of the committer: done is closed
+// once its Update has returned, and so once it is on disk (or failed).
+type pendingCommit struct {
+	txid int
+	done chan struct{}
+}
+
+// read returns key's record from a read transaction. bbolt shows a commit
+// to new read transactions as soon as it has written its meta page, before
+// syncing it: a snapshot of the commit under way is not used, read waits
+// for that commit and reads again, so that no answer rests on a write a
+// power cut could still undo.
+func (s *Store) read(ctx context.Context, key string) (cur rec, found bool, err error) {
+	for {
+		var txid int
+		err = s.db.View(func(tx *bolt.Tx) error {
+			txid = tx.ID()
+			b, err := s.buckets(tx)
+			if err != nil {
+				return err
+			}
+			cur, found, err = b.get(key)
 			return err
+		})
+		// The meta page is written under the lock that View takes to read
+		// it, after pending was set: a snapshot of the commit under way
+		// finds it here.
+		p := s.pending.Load()
+		if err != nil || p == nil || p.txid != txid {
+			return cur, found, err
 		}
-		cur, found, err = b.get(key)
-		return err
-	})
-	return cur, found, err
+		select {
+		case <-p.done:
+		case <-ctx.Done():
+			return rec{}, false, ctx.Err()
+		}
+	}
 }
 
 // answer is Begin's answer for a live record cur when it does not claim
@@ -473,7 +504,7 @@ func (s *Store) peek(ctx context.Context, key, fingerprint string, n int64) (ide
 	if s.closed.Load() {
 		return idempotency.Record{}, false, fmt.Errorf("boltstore: begin: %w: %w", idempotency.ErrUnavailable, errClosed)
 	}
-	cur, found, err := s.read(key)
+	cur, found, err := s.read(ctx, key)
 	if err != nil {
 		return idempotency.Record{}, false, fmt.Errorf("boltstore: begin: %w: %w", idempotency.ErrUnavailable, err)
 	}
@@ -580,7 +611,7 @@ func (s *Store) Get(ctx context.Context, key string, now time.Time) (idempotency
 	if len(key) > maxKeyLen {
 		return idempotency.Record{}, fmt.Errorf("boltstore: get %q: %w", key, idempotency.ErrNotFound)
 	}
-	cur, found, err := s.read(key)
+	cur, found, err := s.read(ctx, key)
 	if err != nil {
 		return idempotency.Record{}, fmt.Errorf("boltstore: get: %w: %w", idempotency.ErrUnavailable, err)
 	}
@@ -670,7 +701,7 @@ func (s *Store) write(ctx context.Context, name string, fn func(buckets) error) 
 	}
 	if s.solo {
 		s.commits.Add(1)
-		err := s.db.Update(func(tx *bolt.Tx) error {
+		err := s.update(func(tx *bolt.Tx) error {
 			b, err := s.buckets(tx)
 			if err != nil {
 				return err
@@ -755,14 +786,24 @@ func (s *Store) loop() {
 }
 
 // update is db.Update that turns a panic into an error: the committer must
-// outlive a bug in one write, or every later caller would wait forever.
+// outlive a bug in one write, or every later caller would wait forever. It
+// marks its transaction pending until Update has returned (see read).
 func (s *Store) update(fn func(*bolt.Tx) error) (err error) {
+	var p *pendingCommit
 	defer func() {
 		if r := recover(); r != nil {
 			err = fmt.Errorf("boltstore: panic in a write transaction: %v", r)
 		}
+		if p != nil {
+			s.pending.CompareAndSwap(p, nil)
+			close(p.done)
+		}
 	}()
-	return s.db.Update(fn)
+	return s.db.Update(func(tx *bolt.Tx) error {
+		p = &pendingCommit{txid: tx.ID(), done: make(chan struct{})}
+		s.pending.Store(p)
+		return fn(tx)
+	})
 }
 
 // commit applies ops in one transaction. A write that fails is taken out
