@@ -10,6 +10,8 @@ import (
 	"net/http"
 	"net/http/httputil"
 	"net/url"
+	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -27,14 +29,18 @@ func newReverseProxy(up *url.URL, timeout time.Duration, log *slog.Logger) http.
 			pr.SetURL(up)
 			pr.SetXForwarded()
 			// net/http's Transport silently resends a body-less request
-			// that carries Idempotency-Key when a reused connection fails
-			// after it was written, trusting the upstream to deduplicate.
-			// The upstream behind this proxy may not: the header is sent
-			// under its lower-case name, which the Transport does not look
-			// for and HTTP treats as the same field.
-			if v, ok := pr.Out.Header["Idempotency-Key"]; ok {
-				delete(pr.Out.Header, "Idempotency-Key")
-				pr.Out.Header["idempotency-key"] = v
+			// that carries Idempotency-Key or X-Idempotency-Key when a
+			// reused connection fails after it was written, trusting the
+			// upstream to deduplicate. The upstream behind this proxy may
+			// not: the fields are sent under their lower-case names, which
+			// the Transport does not look for and HTTP treats as the same.
+			for _, f := range [...]struct{ name, lower string }{
+				{"Idempotency-Key", "idempotency-key"}, {"X-Idempotency-Key", "x-idempotency-key"},
+			} {
+				if v, ok := pr.Out.Header[f.name]; ok {
+					delete(pr.Out.Header, f.name)
+					pr.Out.Header[f.lower] = v
+				}
 			}
 		},
 		Transport: transport,
@@ -133,6 +139,17 @@ func keyHash(r *http.Request) string {
 	return hex.EncodeToString(sum[:6])
 }
 
+// redactKey hides r's Idempotency-Key in msg: a store's error may name the
+// key it failed on (bolt's lease-lost error does, quoted).
+func redactKey(msg string, r *http.Request) string {
+	k, err := idemhttp.ParseKey(r.Header["Idempotency-Key"])
+	if err != nil {
+		return msg
+	}
+	q := strconv.Quote(k)
+	return strings.NewReplacer(q[1:len(q)-1], "<key>", k, "<key>").Replace(msg)
+}
+
 // logObserver logs each guarded request and hands it on to the metrics.
 type logObserver struct {
 	m   *metrics
@@ -157,7 +174,7 @@ func (o logObserver) Observe(e idemhttp.Event) {
 		slog.String("path", e.Request.URL.Path), slog.String("key_hash", keyHash(e.Request)),
 		slog.Int("status", e.Status), slog.Duration("latency", e.Latency)}
 	if e.Err != nil {
-		attrs = append(attrs, slog.String("error", e.Err.Error()))
+		attrs = append(attrs, slog.String("error", redactKey(e.Err.Error(), e.Request)))
 	}
 	o.log.LogAttrs(ctx, level, "request", attrs...)
 }
