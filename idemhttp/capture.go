@@ -35,6 +35,10 @@ type captureWriter struct {
 	// on the response is only captured, and writes report success, so
 	// that the handler finishes and its response is stored for the retry.
 	gone bool
+	// cut: a write to the client failed without Detach. The handler may
+	// have stopped there, so the captured body may be cut short: it is
+	// not stored (result stores a marker instead).
+	cut bool
 }
 
 var (
@@ -48,7 +52,7 @@ var (
 func (cw *captureWriter) reset(w http.ResponseWriter, m *Middleware) {
 	cw.w, cw.m = w, m
 	cw.status = 0
-	cw.tooLarge, cw.hijacked, cw.keep, cw.aborted, cw.gone = false, false, false, false, false
+	cw.tooLarge, cw.hijacked, cw.keep, cw.aborted, cw.gone, cw.cut = false, false, false, false, false, false
 	cw.body = cw.body[:0]
 	clear(cw.header)
 }
@@ -113,10 +117,13 @@ func (cw *captureWriter) Write(p []byte) (int, error) {
 }
 
 // detached reports whether a failed write to the client is to be hidden
-// from the handler (Options.Detach), and if so marks the client gone.
+// from the handler (Options.Detach), and if so marks the client gone;
+// otherwise it marks the response cut.
 func (cw *captureWriter) detached() bool {
 	if cw.m.detach && !cw.hijacked {
 		cw.gone = true
+	} else {
+		cw.cut = true
 	}
 	return cw.gone
 }
@@ -208,6 +215,11 @@ func (cw *captureWriter) ReadFrom(src io.Reader) (int64, error) {
 	}
 	if cw.gone {
 		n, err := io.Copy(io.Discard, src)
+		return total + n, err
+	}
+	if cw.m.detach {
+		// Through Write, which hides a client that goes away meanwhile.
+		n, err := io.Copy(writerOnly{cw}, src)
 		return total + n, err
 	}
 	if rf, ok := cw.w.(io.ReaderFrom); ok {

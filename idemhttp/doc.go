@@ -73,7 +73,10 @@
 // (and also when the Guard loses the lease). A duplicate that arrives
 // meanwhile gets 409, never a second execution. When the handler still
 // answers with a stored status, the response is stored and replayed to the
-// retry. When it answers with a status that is not stored (a 5xx after
+// retry, unless a write to the client failed: the handler may have stopped
+// there, so a marker is stored instead of a body that may be cut short, and
+// the retry gets 409 response-not-replayable as for a response too large to
+// store. When it answers with a status that is not stored (a 5xx after
 // cancellation, typically), the key is not released, because the side
 // effect may have happened in part: the claim is kept until its lease ends,
 // after which a retry runs again (Observer: Abandoned). Options.Detach gives

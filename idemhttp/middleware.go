@@ -55,6 +55,14 @@ const markerKey = "Idemhttp:Marker"
 
 var tooLargeMarker = map[string][]string{markerKey: {"response-too-large"}}
 
+// cutMarker marks a response that was cut short: a write to the client
+// failed (without Detach), and the handler may have stopped there.
+var cutMarker = map[string][]string{markerKey: {"response-cut"}}
+
+// errResponseCut is the Event.Err of an Executed request whose response
+// was cut short; cutMarker was stored in its place.
+var errResponseCut = errors.New("idemhttp: a write to the client failed, the response may be cut short; stored as not replayable")
+
 // Options configure New; nil means all defaults. Every zero value is usable.
 type Options struct {
 	// Methods are the guarded methods (nil: POST and PATCH). Others pass
@@ -573,6 +581,8 @@ func (m *Middleware) serve(next http.Handler, w http.ResponseWriter, r *http.Req
 			outcome = Executed
 			if cw.tooLarge {
 				err = ErrResponseTooLarge
+			} else if cw.cut {
+				err = errResponseCut
 			}
 		case errors.Is(err, idempotency.ErrLeaseLost):
 			outcome = LeaseLost
@@ -629,6 +639,9 @@ func (m *Middleware) result(cw *captureWriter, r *http.Request) (idempotency.Res
 	if cw.tooLarge {
 		return idempotency.Response{Status: cw.status, Header: tooLargeMarker}, nil
 	}
+	if cw.cut {
+		return idempotency.Response{Status: cw.status, Header: cutMarker}, nil
+	}
 	return idempotency.Response{Status: cw.status, Header: cw.header, Body: cw.body}, nil
 }
 
@@ -660,10 +673,13 @@ func (m *Middleware) waitFor(ctx context.Context, key, fp string, fn func(contex
 // replay writes a stored response.
 func (m *Middleware) replay(w http.ResponseWriter, res idempotency.Result) (Outcome, int) {
 	resp := res.Response
-	if _, ok := resp.Header[markerKey]; ok {
+	if v, ok := resp.Header[markerKey]; ok {
 		p := ProblemNotReplayable
 		p.OriginalStatus = resp.Status
 		p.Detail = "the request ran; its response exceeded the stored size limit"
+		if len(v) == 1 && v[0] == cutMarker[markerKey][0] {
+			p.Detail = "the request ran; its response was cut short when the client went away"
+		}
 		WriteProblem(w, p)
 		return NotReplayable, p.Status
 	}
@@ -678,6 +694,10 @@ func (m *Middleware) replay(w http.ResponseWriter, res idempotency.Result) (Outc
 	}
 	if trailers != nil {
 		h["Trailer"] = trailers
+	} else if len(resp.Body) > 2048 && resp.Status != http.StatusNoContent && resp.Status != http.StatusNotModified {
+		// net/http sets Content-Length itself only for a body that fits
+		// its buffer (2 KiB); a larger one would go out chunked.
+		h["Content-Length"] = []string{strconv.Itoa(len(resp.Body))}
 	}
 	// The two fields the middleware adds share one backing array; each
 	// slice is capped at its own element, so an append to one (Header.Add)

@@ -615,3 +615,37 @@ func TestReplayAddedFieldsAreIndependent(t *testing.T) {
 		t.Fatalf("window field %q after an append to the marker: %v", got[0], err)
 	}
 }
+
+// TestReplayContentLength: a replay is framed like the original: with
+// Content-Length, also for a body larger than net/http's buffer (which
+// would otherwise send it chunked), and without one where the status has
+// no body.
+func TestReplayContentLength(t *testing.T) {
+	big := strings.Repeat("x", 5000)
+	for _, tc := range []struct {
+		status int
+		body   string
+		want   string
+	}{
+		{http.StatusCreated, big, "5000"},
+		{http.StatusOK, "small", "5"},
+		{http.StatusNoContent, "", ""},
+	} {
+		t.Run(strconv.Itoa(tc.status), func(t *testing.T) {
+			f := newFixture(t, nil, nil, func(w http.ResponseWriter, r *http.Request) {
+				if tc.body != "" {
+					w.Header().Set("Content-Length", strconv.Itoa(len(tc.body)))
+				}
+				w.WriteHeader(tc.status)
+				_, _ = io.WriteString(w, tc.body)
+			})
+			first, second := replayed(t, f, req{})
+			if cl := first.header.Get("Content-Length"); cl != tc.want {
+				t.Fatalf("first Content-Length %q; want %q", cl, tc.want)
+			}
+			if cl := second.header.Get("Content-Length"); cl != tc.want {
+				t.Fatalf("replayed Content-Length %q; want %q (first %q)", cl, tc.want, first.header.Get("Content-Length"))
+			}
+		})
+	}
+}

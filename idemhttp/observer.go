@@ -11,7 +11,8 @@ type Outcome string
 
 const (
 	// Executed: the handler ran and its response was stored for replay (or,
-	// with Err = ErrResponseTooLarge, a marker saying it cannot be replayed).
+	// with Err = ErrResponseTooLarge, or an error saying a write to the
+	// client failed, a marker saying it cannot be replayed).
 	Executed Outcome = "executed"
 	// Replayed: a stored response was sent; the handler did not run.
 	Replayed Outcome = "replayed"

@@ -47,8 +47,9 @@ var (
 	// could not answer; the request did not run. Retrying is safe.
 	ProblemUnavailable = Problem{Type: ProblemBase + "store-unavailable", Title: "Idempotency store unavailable", Status: http.StatusServiceUnavailable}
 	// ProblemNotReplayable (409): the request ran, but its response was
-	// larger than Options.MaxStoredResponse and cannot be replayed. It will
-	// not run again inside the window.
+	// larger than Options.MaxStoredResponse, or was cut short when the
+	// client went away (see the package doc), and cannot be replayed. It
+	// will not run again inside the window.
 	ProblemNotReplayable = Problem{Type: ProblemBase + "response-not-replayable", Title: "Response too large to replay", Status: http.StatusConflict}
 )
 
