@@ -10,6 +10,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/archlab/idempotency"
+	"github.com/archlab/idempotency/idemhttp"
 )
 
 // adminHandler serves the operator endpoints:
@@ -21,7 +22,8 @@ import (
 //	DELETE /keys/{key}?scope=S       evict a key in any state
 //	POST   /keys/{key}/release?scope=S  give an in-flight claim back
 //
-// {key} is the client's Idempotency-Key and S the scope the proxy derived
+// {key} is the client's Idempotency-Key, quoted or bare as in the header
+// (URL-escaped), and S the scope the proxy derived
 // for the request (see -scope-header); storeKey (idemhttp.StoreKey) joins them as the
 // middleware does. The admin address must not be exposed to clients.
 func adminHandler(store idempotency.Store, m *metrics, storeKey func(scope, key string) string, now func() time.Time) http.Handler {
@@ -40,8 +42,22 @@ func adminHandler(store idempotency.Store, m *metrics, storeKey func(scope, key 
 		writeJSON(w, http.StatusOK, map[string]string{"status": "ready"})
 	})
 	mux.Handle("GET /metrics", promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{}))
+	// keyOf is the stored key a request names: {key} is read like the
+	// Idempotency-Key header, so "order-42" quoted and order-42 bare are
+	// one key. A malformed key gets 400.
+	keyOf := func(w http.ResponseWriter, r *http.Request) (string, bool) {
+		k, err := idemhttp.ParseKey([]string{r.PathValue("key")})
+		if err != nil {
+			writeJSON(w, http.StatusBadRequest, map[string]string{"error": err.Error()})
+			return "", false
+		}
+		return storeKey(r.URL.Query().Get("scope"), k), true
+	}
 	mux.HandleFunc("GET /keys/{key}", func(w http.ResponseWriter, r *http.Request) {
-		k := storeKey(r.URL.Query().Get("scope"), r.PathValue("key"))
+		k, ok := keyOf(w, r)
+		if !ok {
+			return
+		}
 		rec, err := store.Get(r.Context(), k, now())
 		if err != nil {
 			writeStoreError(w, err)
@@ -50,7 +66,10 @@ func adminHandler(store idempotency.Store, m *metrics, storeKey func(scope, key 
 		writeJSON(w, http.StatusOK, recordView(rec))
 	})
 	mux.HandleFunc("DELETE /keys/{key}", func(w http.ResponseWriter, r *http.Request) {
-		k := storeKey(r.URL.Query().Get("scope"), r.PathValue("key"))
+		k, ok := keyOf(w, r)
+		if !ok {
+			return
+		}
 		if err := store.Delete(r.Context(), k); err != nil {
 			writeStoreError(w, err)
 			return
@@ -58,7 +77,10 @@ func adminHandler(store idempotency.Store, m *metrics, storeKey func(scope, key 
 		writeJSON(w, http.StatusOK, map[string]string{"status": "deleted"})
 	})
 	mux.HandleFunc("POST /keys/{key}/release", func(w http.ResponseWriter, r *http.Request) {
-		k := storeKey(r.URL.Query().Get("scope"), r.PathValue("key"))
+		k, ok := keyOf(w, r)
+		if !ok {
+			return
+		}
 		if err := releaseKey(r.Context(), store, k, now()); err != nil {
 			writeStoreError(w, err)
 			return

@@ -242,7 +242,11 @@ func operate(ctx context.Context, cmd string, args []string, stdout, stderr io.W
 		fs.Usage()
 		return fmt.Errorf("%w: %s needs exactly one KEY", errUsage, cmd)
 	}
-	key := idemhttp.StoreKey(*scope, fs.Arg(0))
+	k, err := idemhttp.ParseKey([]string{fs.Arg(0)})
+	if err != nil {
+		return fmt.Errorf("%w: KEY: %v", errUsage, err)
+	}
+	key := idemhttp.StoreKey(*scope, k)
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	store, closer, err := storeurl.Open(ctx, *storeURL, storeurl.Options{})

@@ -206,6 +206,13 @@ func TestAdmin(t *testing.T) {
 	if r := get(t, base+"/keys/no-such-key"); r.status != http.StatusNotFound {
 		t.Fatalf("GET of an unknown key = %d", r.status)
 	}
+	// The key is read as the header is: quoted names the same key.
+	if r := get(t, base+"/keys/%22done-key%22"); r.status != http.StatusOK || !strings.Contains(r.body, `"DONE"`) {
+		t.Fatalf(`GET /keys/"done-key" = %d %q; want the record of done-key`, r.status, r.body)
+	}
+	if r := get(t, base+"/keys/%22broken"); r.status != http.StatusBadRequest {
+		t.Fatalf(`GET of a malformed key "broken = %d %q; want 400`, r.status, r.body)
+	}
 	if r := do(t, http.MethodDelete, base+"/keys/done-key"); r.status != http.StatusOK {
 		t.Fatalf("DELETE = %d %q", r.status, r.body)
 	}
@@ -250,6 +257,13 @@ func TestAdmin(t *testing.T) {
 	env := func(string) string { return "" }
 	if err := run(ctx, []string{"get", "-store", "bolt:" + path, "held"}, &out, &out, env); err != nil || !strings.Contains(out.String(), `"DONE"`) {
 		t.Fatalf("idemproxy get = %v %q", err, out.String())
+	}
+	out.Reset()
+	if err := run(ctx, []string{"get", "-store", "bolt:" + path, `"held"`}, &out, &out, env); err != nil || !strings.Contains(out.String(), `"DONE"`) {
+		t.Fatalf(`idemproxy get '"held"' = %v %q; want the record of held`, err, out.String())
+	}
+	if err := run(ctx, []string{"get", "-store", "bolt:" + path, `"held`}, &out, &out, env); !errors.Is(err, errUsage) {
+		t.Fatalf("get of a malformed key = %v; want errUsage", err)
 	}
 	if err := run(ctx, []string{"release", "-store", "bolt:" + path, "held"}, &out, &out, env); !errors.Is(err, errNotInFlight) {
 		t.Fatalf("idemproxy release of a done key = %v; want errNotInFlight", err)
