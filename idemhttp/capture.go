@@ -24,8 +24,13 @@ type captureWriter struct {
 	w http.ResponseWriter
 	m *Middleware
 
-	status   int
-	header   map[string][]string // storable fields, shared with the handler's map
+	status int
+	header map[string][]string // storable fields, shared with the handler's map
+	// outer holds the fields the response already had when the middleware
+	// was reached (set by an outer handler: a request id, CORS). They
+	// belong to each request, not to the stored response: they are
+	// captured only if the handler changed them. nil when there were none.
+	outer    map[string][]string
 	body     []byte
 	tooLarge bool // the body outgrew MaxStoredResponse; body is dropped
 	hijacked bool
@@ -55,12 +60,22 @@ func (cw *captureWriter) reset(w http.ResponseWriter, m *Middleware) {
 	cw.tooLarge, cw.hijacked, cw.keep, cw.aborted, cw.gone, cw.cut = false, false, false, false, false, false
 	cw.body = cw.body[:0]
 	clear(cw.header)
+	clear(cw.outer)
+	if h := w.Header(); len(h) > 0 {
+		if cw.outer == nil {
+			cw.outer = make(map[string][]string, len(h))
+		}
+		for k, v := range h {
+			cw.outer[k] = v
+		}
+	}
 }
 
 // release drops what the writer holds of the request before it is pooled.
 func (cw *captureWriter) release() {
 	cw.w, cw.m = nil, nil
 	clear(cw.header)
+	clear(cw.outer)
 	if cap(cw.body) > maxPooledBuffer {
 		cw.body = nil
 	}
@@ -83,6 +98,9 @@ func (cw *captureWriter) WriteHeader(code int) {
 	h := cw.w.Header()
 	m := cw.m
 	for k, v := range h {
+		if ov, ok := cw.outer[k]; ok && slices.Equal(ov, v) {
+			continue // an outer handler's field, as it set it
+		}
 		if m.storable(k) {
 			cw.header[k] = v
 		}

@@ -6,12 +6,17 @@ import (
 	"encoding/json"
 	"io"
 	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/archlab/idempotency"
 )
 
 // replayed runs the same request twice and checks the handler ran once and
@@ -406,5 +411,59 @@ func TestResponseTooLargeViaWriteString(t *testing.T) {
 	}
 	if r := f.do(t, req{keys: key("k")}); r.status != http.StatusConflict || r.problem(t).OriginalStatus != http.StatusOK {
 		t.Fatalf("retry: %d %q", r.status, r.body)
+	}
+}
+
+// TestOuterFieldsBelongToEachRequest: fields an outer handler set before the
+// middleware ran (a request id) are the retry's own on a replay, not the
+// first request's; a field the handler changed is stored as it changed it.
+func TestOuterFieldsBelongToEachRequest(t *testing.T) {
+	g, err := idempotency.NewGuard(idempotency.NewMemoryStore(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mw, err := New(g, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	inner := mw.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Vary", "Origin, Accept")
+		w.Header().Set("Content-Type", "text/plain")
+		w.WriteHeader(http.StatusCreated)
+		_, _ = io.WriteString(w, "made")
+	}))
+	var n atomic.Int64
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("X-Request-Id", strconv.FormatInt(n.Add(1), 10))
+		w.Header().Set("Vary", "Origin")
+		inner.ServeHTTP(w, r)
+	}))
+	defer srv.Close()
+	send := func() *http.Response {
+		req, _ := http.NewRequest(http.MethodPost, srv.URL, strings.NewReader("x"))
+		req.Header.Set("Idempotency-Key", `"outer"`)
+		resp, err := srv.Client().Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		return resp
+	}
+	first, second := send(), send()
+	if second.Header.Get(ReplayedHeader) != "true" {
+		t.Fatalf("second request not replayed: %d %v", second.StatusCode, second.Header)
+	}
+	if got := first.Header.Get("X-Request-Id"); got != "1" {
+		t.Fatalf("first X-Request-Id %q, want 1", got)
+	}
+	if got := second.Header.Get("X-Request-Id"); got != "2" {
+		t.Errorf("replay X-Request-Id %q, want the retry's own (2)", got)
+	}
+	if got := second.Header.Get("Vary"); got != "Origin, Accept" {
+		t.Errorf("replay Vary %q, want the handler's %q", got, "Origin, Accept")
+	}
+	if got := second.Header.Get("Content-Type"); got != "text/plain" {
+		t.Errorf("replay Content-Type %q, want text/plain", got)
 	}
 }

@@ -35,6 +35,9 @@
 //   - Replayed: the stored status, header fields and body, with
 //     Idempotent-Replayed: true. net/http sets Date, Content-Length and the
 //     sniffed Content-Type again; Set-Cookie is not stored (DefaultStoreHeader).
+//     Fields an outer handler set before the middleware ran (a request id,
+//     CORS) are not stored unless the handler changed them: a replay keeps
+//     the retry's own.
 //   - In flight: 409 with Retry-After, the seconds left on the holder's
 //     lease (at least 1). With Options.Wait the request first waits that
 //     long for the holder to finish, then replays.
