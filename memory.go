@@ -2,9 +2,11 @@ package idempotency
 
 import (
 	"context"
+	"encoding/binary"
 	"fmt"
 	"hash/maphash"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -171,7 +173,7 @@ type memRecord struct {
 	key        string // the record's own key, for compact
 	fp         string
 	body       []byte
-	header     map[string][]string
+	hdr        []byte // the header, encoded (see keepHeader); nil: no header
 	status     int
 	token      uint64
 	leaseUntil int64
@@ -191,7 +193,7 @@ func (r *memRecord) record(withResponse bool) Record {
 		rec.State = Processing
 	}
 	if withResponse {
-		rec.Response = Response{Status: r.status, Body: cloneBytes(r.body), Header: copyHeader(r.header)}
+		rec.Response = Response{Status: r.status, Body: cloneBytes(r.body), Header: decodeHeader(r.hdr)}
 	}
 	return rec
 }
@@ -213,29 +215,127 @@ func cloneBytes(b []byte) []byte {
 	return out
 }
 
-// copyHeader copies h with two allocations whatever its size: the map, and
-// one array holding every value slice (each capped, so that appending to
-// one cannot overwrite the next).
-func copyHeader(h map[string][]string) map[string][]string {
+// A stored header is encoded into bytes, which the collector does not
+// scan, instead of kept as a map of slices, which it must scan on every
+// cycle for as long as the record lives. Per field: the name's length and
+// the name, the number of values plus one (0: a nil slice), then each
+// value's length and the value, lengths as uvarints.
+
+// keepHeader returns the store's encoding of h, in sh's slab when it is
+// small. sh is locked by the caller.
+func (sh *memShard) keepHeader(h map[string][]string) []byte {
 	if h == nil {
 		return nil
 	}
 	n := 0
-	for _, v := range h {
-		n += len(v)
-	}
-	vals := make([]string, n)
-	out := make(map[string][]string, len(h))
 	for k, v := range h {
+		n += uvarintLen(len(k)) + len(k) + uvarintLen(len(v)+1)
+		for _, s := range v {
+			n += uvarintLen(len(s)) + len(s)
+		}
+	}
+	if n == 0 {
+		return []byte{} // an empty header, not none
+	}
+	var b []byte
+	if n <= slabMax {
+		if cap(sh.slab)-len(sh.slab) < n {
+			sh.slab = make([]byte, 0, slabSize)
+		}
+		b = sh.slab[len(sh.slab):len(sh.slab)]
+	} else {
+		b = make([]byte, 0, n)
+	}
+	for k, v := range h {
+		b = binary.AppendUvarint(b, uint64(len(k)))
+		b = append(b, k...)
 		if v == nil {
-			out[k] = nil
+			b = binary.AppendUvarint(b, 0)
 			continue
 		}
-		m := copy(vals, v)
-		out[k] = vals[:m:m]
-		vals = vals[m:]
+		b = binary.AppendUvarint(b, uint64(len(v)+1))
+		for _, s := range v {
+			b = binary.AppendUvarint(b, uint64(len(s)))
+			b = append(b, s...)
+		}
+	}
+	if n <= slabMax {
+		sh.slab = sh.slab[:len(sh.slab)+n]
+	}
+	return b[:n:n]
+}
+
+func uvarintLen(x int) int {
+	n := 1
+	for ; x >= 0x80; x >>= 7 {
+		n++
+	}
+	return n
+}
+
+// decodeHeader rebuilds a header that keepHeader encoded, with three
+// allocations whatever its size: the map, one array holding every value
+// slice (each capped, so that appending to one cannot overwrite the next),
+// and one string holding every name and value.
+func decodeHeader(b []byte) map[string][]string {
+	if b == nil {
+		return nil
+	}
+	var fields, vals, size int
+	for r := b; len(r) > 0; {
+		k := uvar(&r)
+		size += k
+		r = r[k:]
+		nv := uvar(&r)
+		fields++
+		for range max(nv-1, 0) {
+			l := uvar(&r)
+			size += l
+			r = r[l:]
+			vals++
+		}
+	}
+	var sb strings.Builder
+	sb.Grow(size)
+	for r := b; len(r) > 0; {
+		k := uvar(&r)
+		sb.Write(r[:k])
+		r = r[k:]
+		for range max(uvar(&r)-1, 0) {
+			l := uvar(&r)
+			sb.Write(r[:l])
+			r = r[l:]
+		}
+	}
+	all := sb.String()
+	out := make(map[string][]string, fields)
+	arr := make([]string, vals)
+	for r := b; len(r) > 0; {
+		k := uvar(&r)
+		name := all[:k]
+		all, r = all[k:], r[k:]
+		nv := uvar(&r)
+		if nv == 0 {
+			out[name] = nil
+			continue
+		}
+		v := arr[: nv-1 : nv-1]
+		arr = arr[nv-1:]
+		for i := range v {
+			l := uvar(&r)
+			v[i] = all[:l]
+			all, r = all[l:], r[l:]
+		}
+		out[name] = v
 	}
 	return out
+}
+
+// uvar reads a uvarint that keepHeader wrote from the front of *b.
+func uvar(b *[]byte) int {
+	x, n := binary.Uvarint(*b)
+	*b = (*b)[n:]
+	return int(x)
 }
 
 // keepBody returns the store's own copy of b. sh is locked by the caller.
@@ -377,7 +477,6 @@ func (s *MemoryStore) Complete(ctx context.Context, key string, token uint64, re
 	}
 	n := now.UnixNano()
 	sh := s.shard(key)
-	header := copyHeader(resp.Header)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
 	rec := sh.get(key)
@@ -385,7 +484,7 @@ func (s *MemoryStore) Complete(ctx context.Context, key string, token uint64, re
 		return fmt.Errorf("idempotency: memory complete: %w", ErrLeaseLost)
 	}
 	rec.state = memDone
-	rec.status, rec.header, rec.body = resp.Status, header, sh.keepBody(resp.Body)
+	rec.status, rec.hdr, rec.body = resp.Status, sh.keepHeader(resp.Header), sh.keepBody(resp.Body)
 	rec.leaseUntil = 0
 	rec.expiresAt = n + int64(retention)
 	if rec.expiresAt < rec.queuedAt {

@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 )
@@ -163,28 +165,47 @@ func TestMemoryBodiesIsolated(t *testing.T) {
 	}
 }
 
-func TestCopyHeader(t *testing.T) {
-	if copyHeader(nil) != nil {
-		t.Error("copyHeader(nil) is not nil")
+// TestHeaderEncoding: a header goes through the store's encoding whole
+// (nil and empty value slices told apart, long names and values, many
+// fields), comes back as the caller's own, and a decoded copy's value
+// slices do not share memory with each other.
+func TestHeaderEncoding(t *testing.T) {
+	var sh memShard
+	if sh.keepHeader(nil) != nil || decodeHeader(nil) != nil {
+		t.Error("a nil header does not stay nil")
 	}
-	h := map[string][]string{"A": {"1", "2"}, "B": {"3"}, "Nil": nil, "Empty": {}}
-	c := copyHeader(h)
-	if len(c) != len(h) {
-		t.Fatalf("copy has %d fields, want %d", len(c), len(h))
+	if got := decodeHeader(sh.keepHeader(map[string][]string{})); got == nil || len(got) != 0 {
+		t.Errorf("an empty header came back as %#v", got)
 	}
-	for k, v := range h {
-		if (c[k] == nil) != (v == nil) || !slices.Equal(c[k], v) {
-			t.Errorf("copy[%s] = %#v, want %#v", k, c[k], v)
+	long := strings.Repeat("v", 300)
+	h := map[string][]string{"A": {"1", "2"}, "B": {"3"}, "Nil": nil, "Empty": {}, "Long-" + long: {long, ""}}
+	for i := range 20 {
+		h["X-Field-"+strconv.Itoa(i)] = []string{strconv.Itoa(i)}
+	}
+	for _, small := range []bool{true, false} {
+		in := h
+		if small {
+			in = map[string][]string{"A": {"1", "2"}, "Nil": nil, "Empty": {}}
 		}
-	}
-	c["A"] = append(c["A"], "appended")
-	c["B"][0] = "edited"
-	if !slices.Equal(c["B"], []string{"edited"}) || !slices.Equal(h["B"], []string{"3"}) || len(h["A"]) != 2 {
-		t.Errorf("copies share memory: copy %v, original %v", c, h)
-	}
-	d := copyHeader(h)
-	d["A"] = append(d["A"][:1], "x") // within A's capacity only
-	if got := d["B"]; !slices.Equal(got, []string{"3"}) {
-		t.Errorf("appending to one value overwrote another: B = %v", got)
+		enc := sh.keepHeader(in)
+		if small != (len(enc) <= slabMax) {
+			t.Fatalf("small=%v: encoding of %d bytes", small, len(enc))
+		}
+		c := decodeHeader(enc)
+		if len(c) != len(in) {
+			t.Fatalf("decoded %d fields, want %d", len(c), len(in))
+		}
+		for k, v := range in {
+			if (c[k] == nil) != (v == nil) || !slices.Equal(c[k], v) {
+				t.Errorf("decoded[%.20s] = %#v, want %#v", k, c[k], v)
+			}
+		}
+		c["A"] = append(c["A"][:1], "x") // within A's capacity only
+		if got := decodeHeader(enc)["A"]; !slices.Equal(got, []string{"1", "2"}) {
+			t.Errorf("editing a decoded copy changed the stored header: A = %v", got)
+		}
+		if !small && !slices.Equal(c["B"], []string{"3"}) {
+			t.Errorf("appending to one value overwrote another: B = %v", c["B"])
+		}
 	}
 }
