@@ -216,7 +216,13 @@ func fingerprint(method string, req proto.Message) (string, error) {
 // error that tells the Guard not to store it.
 func (s *server) encode(reply any, herr error, header metadata.MD) (idempotency.Response, error) {
 	if herr != nil {
-		st := status.Convert(herr)
+		// As gRPC's server does: an error that is not a status but a
+		// context's error (ctx.Err(), maybe wrapped) is Canceled or
+		// DeadlineExceeded, not Unknown.
+		st, ok := status.FromError(herr)
+		if !ok {
+			st = status.FromContextError(herr)
+		}
 		if int(st.Code()) < len(s.release) && s.release[st.Code()] {
 			return idempotency.Response{}, idempotency.Retryable(herr)
 		}

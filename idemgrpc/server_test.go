@@ -457,3 +457,39 @@ func TestReplayOfUnknownTypeFailsInternal(t *testing.T) {
 		t.Errorf("replay of an unknown type: %v, want Internal", err)
 	}
 }
+
+// TestRawContextErrorsNeverStored: a handler that returns its context's
+// error as it is (return nil, ctx.Err(), or wrapped with %w) is answered
+// Canceled or DeadlineExceeded by gRPC, and must be treated so here too:
+// not stored as Unknown and replayed to every retry, but kept as a claim.
+func TestRawContextErrorsNeverStored(t *testing.T) {
+	tests := []struct {
+		name string
+		err  error
+		code codes.Code
+	}{
+		{"canceled", context.Canceled, codes.Canceled},
+		{"deadline-exceeded-wrapped", fmt.Errorf("db: %w", context.DeadlineExceeded), codes.DeadlineExceeded},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newFixture(t, fixtureOpts{server: &idemgrpc.Options{StoreErrors: true}})
+			f.svc.onEcho = func(ctx context.Context, in *wrapperspb.StringValue, n int) (*wrapperspb.StringValue, error) {
+				if n == 1 {
+					return nil, tc.err
+				}
+				return wrapperspb.String("ok"), nil
+			}
+			ctx := testCtx(t)
+			if _, _, err := f.echo(ctx, "k-ctx", "v"); status.Code(err) != tc.code {
+				t.Fatalf("first call: %v, want %v", err, tc.code)
+			}
+			if _, _, err := f.echo(ctx, "k-ctx", "v"); status.Code(err) != codes.Aborted {
+				t.Fatalf("retry: %v, want Aborted (the claim is kept, nothing stored)", err)
+			}
+			if n := f.svc.executions("v"); n != 1 {
+				t.Errorf("handler ran %d times, want 1", n)
+			}
+		})
+	}
+}
