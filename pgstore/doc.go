@@ -58,10 +58,17 @@
 // statement aborts the caller's transaction; it wraps ErrUnavailable too,
 // and the caller retries the whole transaction.
 //
+// Options.OpTimeout (default 5s) bounds every operation, retries included,
+// whatever its ctx: the Guard stores results with a ctx that is never
+// cancelled, so without a bound a server that stopped answering would hold
+// Guard.Do for good. pgx closes a connection whose statement ran out.
+//
 // # Cleanup
 //
 // Expired rows are ignored by every operation and overwritten by the next
 // Begin of their key. Sweep deletes them in bounded batches (one short
 // statement per batch, skipping rows locked by writers); run it
-// periodically.
+// periodically. It keeps the tombstones of Release and Delete for a
+// minute by the server's clock, so that a Begin that drew its token just
+// before still meets the row and draws a larger one.
 package pgstore

@@ -3,6 +3,7 @@ package pgstore
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net"
 	"strconv"
 	"strings"
@@ -195,4 +196,103 @@ func TestCompleteAppliedButAckLost(t *testing.T) {
 	if n := runs.Load(); n != 1 {
 		t.Fatalf("fn ran %d times, want 1", n)
 	}
+}
+
+// TestBlackHoledServerFailsClosed drops every answer of the server (a
+// toxiproxy timeout toxic that never closes the connection) and checks that
+// each operation gives up within OpTimeout with ErrUnavailable, even when
+// its ctx has no deadline: a request ctx usually has none, and the Guard
+// stores a result with a ctx that is never cancelled.
+func TestBlackHoledServerFailsClosed(t *testing.T) {
+	const opTimeout = 300 * time.Millisecond
+	const limit = 10 * time.Second // hang guard, not a timing goal
+	direct := testPool(t, 4, nil)
+	schema := freshSchema(t, direct)
+	migratedStore(t, direct, schema, Options{Table: "blackhole"})
+
+	cfg := direct.Config()
+	upstream := net.JoinHostPort(cfg.ConnConfig.Host, strconv.Itoa(int(cfg.ConnConfig.Port)))
+	server := toxiproxy.NewServer(toxiproxy.NewMetricsContainer(nil), zerolog.Nop())
+	proxy := toxiproxy.NewProxy(server, "pg", "127.0.0.1:0", upstream)
+	if err := proxy.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(proxy.Stop)
+	host, port, err := net.SplitHostPort(proxy.Listen)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := strconv.ParseUint(port, 10, 16)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pcfg := direct.Config()
+	pcfg.ConnConfig.Host, pcfg.ConnConfig.Port = host, uint16(p)
+	pcfg.MaxConns = 2
+	proxied, err := pgxpool.NewWithConfig(context.Background(), pcfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(proxied.Close)
+	// Stopping the proxy closes its connections, so that a call still
+	// stuck in the black hole (the test failed) lets the pool close.
+	t.Cleanup(proxy.Stop)
+	s, err := New(proxied, &Options{Schema: schema, Table: "blackhole", OpTimeout: opTimeout})
+	if err != nil {
+		t.Fatal(err)
+	}
+	blackHole := func() {
+		t.Helper()
+		if _, err := proxy.Toxics.AddToxicJson(strings.NewReader(
+			`{"name":"hole","type":"timeout","stream":"downstream","attributes":{"timeout":0}}`)); err != nil {
+			t.Fatalf("adding toxic: %v", err)
+		}
+	}
+	heal := func() {
+		t.Helper()
+		if err := proxy.Toxics.RemoveToxic(context.Background(), "hole"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	bounded := func(what string, f func() error) {
+		t.Helper()
+		done := make(chan error, 1)
+		go func() { done <- f() }()
+		select {
+		case err := <-done:
+			if !errors.Is(err, idempotency.ErrUnavailable) {
+				t.Fatalf("%s on a black-holed server: %v, want ErrUnavailable", what, err)
+			}
+		case <-time.After(limit):
+			t.Fatalf("%s on a black-holed server still blocked after %v (OpTimeout %v)", what, limit, opTimeout)
+		}
+	}
+	g := faultGuard(t, s, newClock())
+	ctx := context.Background() // no deadline, like most request contexts
+
+	// Complete: the claim was made, the answers stop while fn runs, and
+	// the Guard stores the result with a ctx that never ends.
+	bounded("Complete (through Guard.Do)", func() error {
+		_, out, err := g.Do(ctx, "complete", "fp", func(context.Context) (idempotency.Response, error) {
+			blackHole()
+			return idempotency.Response{Status: 200}, nil
+		})
+		if out != idempotency.Executed {
+			return fmt.Errorf("outcome %v (%w)", out, err)
+		}
+		return err
+	})
+	// Begin: the Guard fails closed, fn does not run.
+	bounded("Begin (through Guard.Do)", func() error {
+		_, out, err := g.Do(ctx, "begin", "fp", func(context.Context) (idempotency.Response, error) {
+			return idempotency.Response{}, errors.New("fn ran on a black-holed store")
+		})
+		if out != idempotency.Unavailable {
+			return fmt.Errorf("outcome %v (%w)", out, err)
+		}
+		return err
+	})
+	bounded("Get", func() error { _, err := s.Get(ctx, "begin", time.Now()); return err })
+	bounded("Delete", func() error { return s.Delete(ctx, "begin") })
+	heal()
 }

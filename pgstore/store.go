@@ -43,14 +43,27 @@ type Options struct {
 	// SweepBatch is the number of rows one Sweep statement deletes at most
 	// (0: 1000).
 	SweepBatch int
+	// OpTimeout bounds each operation, retries included, and each Sweep
+	// statement (0: DefaultOpTimeout), whatever ctx's deadline: the Guard
+	// stores a result with a ctx that is never cancelled, and a request's
+	// ctx often has no deadline, so without it a server that stopped
+	// answering would hold the call for good. An operation that runs out
+	// fails with ErrUnavailable; its write may or may not have been applied.
+	// Migrate is bounded by its ctx only.
+	OpTimeout time.Duration
 }
+
+// DefaultOpTimeout is the zero OpTimeout's meaning. It leaves room for a
+// statement that waits on a row lock held by a short transaction.
+const DefaultOpTimeout = 5 * time.Second
 
 // Store is an idempotency.Store on PostgreSQL. It is safe for concurrent
 // use; it holds no connection of its own and starts no goroutine.
 type Store struct {
-	pool  *pgxpool.Pool
-	clock Clock
-	batch int
+	pool    *pgxpool.Pool
+	clock   Clock
+	batch   int
+	timeout time.Duration
 
 	schema, table string // validated, unquoted
 	lockKey       int64  // advisory lock of Migrate
@@ -70,6 +83,9 @@ const (
 	maxTableLen   = 40
 	// maxAttempts bounds the tries of one operation on a retryable failure.
 	maxAttempts = 5
+	// tombstoneGrace is how long Sweep keeps a tombstone, by the server's
+	// clock; see releaseSQL.
+	tombstoneGrace = time.Minute
 )
 
 var identRE = regexp.MustCompile(`^[a-z_][a-z0-9_]*$`)
@@ -83,7 +99,7 @@ func New(pool *pgxpool.Pool, opts *Options) (*Store, error) {
 	if opts == nil {
 		opts = &Options{}
 	}
-	s := &Store{pool: pool, clock: opts.Clock, batch: opts.SweepBatch, schema: opts.Schema, table: opts.Table}
+	s := &Store{pool: pool, clock: opts.Clock, batch: opts.SweepBatch, timeout: opts.OpTimeout, schema: opts.Schema, table: opts.Table}
 	if s.schema == "" {
 		s.schema = defaultSchema
 	}
@@ -92,6 +108,9 @@ func New(pool *pgxpool.Pool, opts *Options) (*Store, error) {
 	}
 	if s.batch == 0 {
 		s.batch = defaultBatch
+	}
+	if s.timeout == 0 {
+		s.timeout = DefaultOpTimeout
 	}
 	switch {
 	case !identRE.MatchString(s.schema) || len(s.schema) > 63:
@@ -102,6 +121,8 @@ func New(pool *pgxpool.Pool, opts *Options) (*Store, error) {
 		return nil, fmt.Errorf("pgstore: %w: unknown Clock %d", idempotency.ErrInvalidConfig, s.clock)
 	case s.batch < 0:
 		return nil, fmt.Errorf("pgstore: %w: SweepBatch %d is negative", idempotency.ErrInvalidConfig, s.batch)
+	case s.timeout < 0:
+		return nil, fmt.Errorf("pgstore: %w: OpTimeout %v is negative", idempotency.ErrInvalidConfig, s.timeout)
 	}
 	s.lockKey = advisoryKey(s.schema, s.table)
 	s.names = strings.NewReplacer(
@@ -119,12 +140,14 @@ func New(pool *pgxpool.Pool, opts *Options) (*Store, error) {
 // the last parameter in caller mode, the server's statement time otherwise,
 // so that server mode simply passes one argument fewer.
 func (s *Store) prepareSQL() {
+	const serverNow = "(extract(epoch FROM statement_timestamp()) * 1000000)::bigint * 1000"
 	sql := func(q string, nowParam int) string {
 		now := fmt.Sprintf("$%d::bigint", nowParam)
 		if s.clock == ServerClock {
-			now = "(extract(epoch FROM statement_timestamp()) * 1000000)::bigint * 1000"
+			now = serverNow
 		}
-		return strings.ReplaceAll(s.names.Replace(q), "{{now}}", "("+now+")")
+		q = strings.ReplaceAll(s.names.Replace(q), "{{servernow}}", "("+serverNow+")")
+		return strings.ReplaceAll(q, "{{now}}", "("+now+")")
 	}
 	// $1 key, $2 fingerprint, $3 lease, $4 retention, $5 now.
 	//
@@ -174,12 +197,15 @@ WHERE key = $1 AND token = $2 AND state = 'PROCESSING'`, 4)
 	// DO UPDATE, which takes its token from the sequence under the row
 	// lock. Deleting the row let a Begin that had drawn its token before the
 	// release insert it afterwards: a token smaller than the released one
-	// (idemcheck's store mode caught it). Sweep removes tombstones like any
-	// expired row.
-	s.releaseSQL = sql(`UPDATE {{table}} SET state = 'DONE', lease_until = NULL, expires_at = 0,
+	// (idemcheck's store mode caught it). Sweep removes a tombstone only
+	// tombstoneGrace after it was made, by the server's clock, which the
+	// tombstone keeps in lease_until (a Done record has none otherwise):
+	// removed at once, it left the same gap to a Begin paused between
+	// drawing its token and meeting the row.
+	s.releaseSQL = sql(`UPDATE {{table}} SET state = 'DONE', lease_until = {{servernow}}, expires_at = 0,
 	status = NULL, headers = NULL, body = NULL
 WHERE key = $1 AND token = $2 AND state = 'PROCESSING'`, 0)
-	s.deleteSQL = sql(`UPDATE {{table}} SET state = 'DONE', lease_until = NULL, expires_at = 0,
+	s.deleteSQL = sql(`UPDATE {{table}} SET state = 'DONE', lease_until = {{servernow}}, expires_at = 0,
 	status = NULL, headers = NULL, body = NULL
 WHERE key = $1`, 0)
 	// $1 key, $2 now.
@@ -188,7 +214,10 @@ FROM {{table}} WHERE key = $1 AND expires_at > {{now}}`, 2)
 	// $1 batch, $2 now. The TID scan deletes exactly the rows locked by the
 	// subquery; rows locked by a writer are left for the next sweep.
 	s.sweepSQL = sql(`DELETE FROM {{table}} WHERE ctid = ANY (ARRAY(
-	SELECT ctid FROM {{table}} WHERE expires_at <= {{now}} LIMIT $1 FOR UPDATE SKIP LOCKED))`, 2)
+	SELECT ctid FROM {{table}} WHERE expires_at <= {{now}}
+		AND (state <> 'DONE' OR lease_until IS NULL OR lease_until <= {{servernow}} - `+
+		fmt.Sprint(int64(tombstoneGrace))+`)
+	LIMIT $1 FOR UPDATE SKIP LOCKED))`, 2)
 }
 
 // args appends now to the statement's arguments in caller mode.
@@ -204,14 +233,17 @@ func (s *Store) args(now time.Time, args ...any) []any {
 // and the snapshot's row is no answer. A new statement sees the change.
 var errBeginRace = errors.New("pgstore: begin raced with a concurrent insert")
 
-// run calls f until it succeeds, fails for good or maxAttempts is reached,
-// and wraps failures of the database with ErrUnavailable.
-func (s *Store) run(ctx context.Context, op string, f func() error) error {
+// run calls f until it succeeds, fails for good, maxAttempts is reached or
+// OpTimeout has passed, and wraps failures of the database with
+// ErrUnavailable.
+func (s *Store) run(ctx context.Context, op string, f func(context.Context) error) error {
 	if err := ctx.Err(); err != nil {
 		return fmt.Errorf("pgstore: %s: %w", op, err)
 	}
+	ctx, cancel := context.WithTimeout(ctx, s.timeout)
+	defer cancel()
 	for attempt := 1; ; attempt++ {
-		err := f()
+		err := f(ctx)
 		if err == nil || errors.Is(err, idempotency.ErrLeaseLost) || errors.Is(err, idempotency.ErrNotFound) {
 			return err
 		}
@@ -243,7 +275,7 @@ func (s *Store) Begin(ctx context.Context, key, fingerprint string, now time.Tim
 		rec     idempotency.Record
 		claimed bool
 	)
-	err := s.run(ctx, "begin", func() error {
+	err := s.run(ctx, "begin", func(ctx context.Context) error {
 		var (
 			row       recordRow
 			claimable bool
@@ -271,7 +303,7 @@ func (s *Store) Begin(ctx context.Context, key, fingerprint string, now time.Tim
 // Complete implements idempotency.Store.
 func (s *Store) Complete(ctx context.Context, key string, token uint64, resp idempotency.Response, now time.Time, retention time.Duration) error {
 	args := s.completeArgs(key, token, resp, now, retention)
-	return s.run(ctx, "complete", func() error {
+	return s.run(ctx, "complete", func(ctx context.Context) error {
 		return s.affected(s.pool.Exec(ctx, s.completeSQL, args...))
 	})
 }
@@ -285,6 +317,8 @@ func (s *Store) CompleteTx(ctx context.Context, tx pgx.Tx, key string, token uin
 	if err := ctx.Err(); err != nil {
 		return fmt.Errorf("pgstore: complete tx: %w", err)
 	}
+	ctx, cancel := context.WithTimeout(ctx, s.timeout)
+	defer cancel()
 	err := s.affected(tx.Exec(ctx, s.completeSQL, s.completeArgs(key, token, resp, now, retention)...))
 	if err != nil && !errors.Is(err, idempotency.ErrLeaseLost) {
 		return fmt.Errorf("pgstore: complete tx: %w: %w", idempotency.ErrUnavailable, err)
@@ -309,14 +343,14 @@ func (s *Store) affected(tag pgconn.CommandTag, err error) error {
 
 // Extend implements idempotency.Store.
 func (s *Store) Extend(ctx context.Context, key string, token uint64, now time.Time, lease time.Duration) error {
-	return s.run(ctx, "extend", func() error {
+	return s.run(ctx, "extend", func(ctx context.Context) error {
 		return s.affected(s.pool.Exec(ctx, s.extendSQL, s.args(now, []byte(key), int64(token), int64(lease))...))
 	})
 }
 
 // Release implements idempotency.Store.
 func (s *Store) Release(ctx context.Context, key string, token uint64) error {
-	return s.run(ctx, "release", func() error {
+	return s.run(ctx, "release", func(ctx context.Context) error {
 		return s.affected(s.pool.Exec(ctx, s.releaseSQL, []byte(key), int64(token)))
 	})
 }
@@ -324,7 +358,7 @@ func (s *Store) Release(ctx context.Context, key string, token uint64) error {
 // Get implements idempotency.Store.
 func (s *Store) Get(ctx context.Context, key string, now time.Time) (idempotency.Record, error) {
 	var rec idempotency.Record
-	err := s.run(ctx, "get", func() error {
+	err := s.run(ctx, "get", func(ctx context.Context) error {
 		var row recordRow
 		err := s.pool.QueryRow(ctx, s.getSQL, s.args(now, []byte(key))...).Scan(row.dest()...)
 		if errors.Is(err, pgx.ErrNoRows) {
@@ -341,14 +375,15 @@ func (s *Store) Get(ctx context.Context, key string, now time.Time) (idempotency
 
 // Delete implements idempotency.Store.
 func (s *Store) Delete(ctx context.Context, key string) error {
-	return s.run(ctx, "delete", func() error {
+	return s.run(ctx, "delete", func(ctx context.Context) error {
 		_, err := s.pool.Exec(ctx, s.deleteSQL, []byte(key))
 		return err
 	})
 }
 
 // Sweep deletes records that expired at now (ignored under ServerClock),
-// at most limit of them (limit <= 0: all), in batches of SweepBatch rows,
+// and tombstones older than a minute by the server's clock, at most limit
+// of them (limit <= 0: all), in batches of SweepBatch rows,
 // one statement each, so that no statement holds many row locks. It returns
 // the number of rows deleted, also when it fails part way.
 func (s *Store) Sweep(ctx context.Context, now time.Time, limit int) (int, error) {
@@ -359,7 +394,7 @@ func (s *Store) Sweep(ctx context.Context, now time.Time, limit int) (int, error
 			n = min(n, limit-total)
 		}
 		var deleted int64
-		err := s.run(ctx, "sweep", func() error {
+		err := s.run(ctx, "sweep", func(ctx context.Context) error {
 			tag, err := s.pool.Exec(ctx, s.sweepSQL, s.args(now, n)...)
 			deleted = tag.RowsAffected()
 			return err

@@ -35,6 +35,7 @@ func TestNewValidatesOptions(t *testing.T) {
 		{"long table", Options{Table: "t234567890123456789012345678901234567890x"}, false},
 		{"unknown clock", Options{Clock: 7}, false},
 		{"negative batch", Options{SweepBatch: -1}, false},
+		{"negative op timeout", Options{OpTimeout: -time.Second}, false},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -491,5 +492,40 @@ func TestStatementsPerRequest(t *testing.T) {
 	}
 	if n := do(idempotency.Replayed); n != 1 {
 		t.Errorf("a replay took %d statements, want 1 (Begin)", n)
+	}
+}
+
+// TestSweepKeepsFreshTombstones: a tombstone (Release, Delete) is swept
+// only tombstoneGrace after it was made, so that a Begin that drew its
+// token before the release still meets the row (see
+// TestLateBeginAfterReleaseGetsLargerToken/*/ReleaseSweep).
+func TestSweepKeepsFreshTombstones(t *testing.T) {
+	s, pool := newTestStore(t, Options{})
+	ctx := context.Background()
+	now := time.Now()
+	rec, _, err := s.Begin(ctx, "released", "fp", now, lease, retention)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Release(ctx, "released", rec.Token); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := s.Begin(ctx, "deleted", "fp", now, lease, retention); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Delete(ctx, "deleted"); err != nil {
+		t.Fatal(err)
+	}
+	later := now.Add(2 * retention) // by the caller's clock; the grace is the server's
+	if n, err := s.Sweep(ctx, later, 0); err != nil || n != 0 {
+		t.Fatalf("Sweep of fresh tombstones = %d, %v; want 0", n, err)
+	}
+	// Age the tombstones past the grace on the server's clock.
+	if _, err := pool.Exec(ctx, s.names.Replace("UPDATE {{table}} SET lease_until = lease_until - $1"),
+		int64(tombstoneGrace+time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := s.Sweep(ctx, later, 0); err != nil || n != 2 {
+		t.Fatalf("Sweep of old tombstones = %d, %v; want 2", n, err)
 	}
 }

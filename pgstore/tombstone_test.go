@@ -37,6 +37,14 @@ func TestLateBeginAfterReleaseGetsLargerToken(t *testing.T) {
 		{"Delete", func(ctx context.Context, s *Store, key string, _ uint64) error {
 			return s.Delete(ctx, key)
 		}},
+		// Sweep must not take the tombstone away from under the late Begin.
+		{"ReleaseSweep", func(ctx context.Context, s *Store, key string, token uint64) error {
+			if err := s.Release(ctx, key, token); err != nil {
+				return err
+			}
+			_, err := s.Sweep(ctx, start.Add(2*retention), 0)
+			return err
+		}},
 	}
 	befores := []struct {
 		name string
