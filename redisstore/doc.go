@@ -76,7 +76,13 @@
 // failed so may or may not have been applied. Options.OpTimeout bounds each
 // operation: with a client whose ContextTimeoutEnabled is set the deadline
 // reaches the socket; otherwise the store stops waiting at the deadline and
-// leaves the call to the client's own ReadTimeout. go-redis re-sends a
+// leaves the call to the client's own ReadTimeout. Such an abandoned call
+// keeps a goroutine and one of the pool's connections until ReadTimeout
+// (with ReadTimeout -1, until the server answers or the connection breaks;
+// a paused server's kernel keeps it open). At most PoolSize of them (per
+// node on Cluster) pile up, since the calls after them wait for a
+// connection only until their own deadline; but while they last the store
+// fails every call. Set ContextTimeoutEnabled. go-redis re-sends a
 // command after a read timeout or a connection lost while it waited for the
 // reply (MaxRetries); the store's writing scripts opt out of that (they are
 // sent at most once), because their first send may have run: a re-sent
