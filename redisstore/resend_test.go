@@ -23,6 +23,7 @@ type ackLoser struct {
 	mu    sync.Mutex
 	armed bool
 	fired int
+	hdels int // HDEL commands written
 }
 
 func (l *ackLoser) arm() { l.mu.Lock(); l.armed = true; l.mu.Unlock() }
@@ -45,7 +46,14 @@ type lossyConn struct {
 }
 
 func (c *lossyConn) Write(p []byte) (int, error) {
-	c.script = bytes.Contains(bytes.ToLower(p), []byte("eval"))
+	lp := bytes.ToLower(p)
+	hdel := bytes.Contains(lp, []byte("hdel"))
+	c.script = bytes.Contains(lp, []byte("eval")) || hdel
+	if hdel {
+		c.l.mu.Lock()
+		c.l.hdels++
+		c.l.mu.Unlock()
+	}
 	return c.Conn.Write(p)
 }
 
@@ -83,6 +91,13 @@ func TestLostReplyNotResent(t *testing.T) {
 		DB: shared.DB, Dialer: loser.dial, MaxRetries: 3})
 	s := newStore(t, c, Options{Clock: CallerClock, Logger: discard()})
 	ctx := context.Background()
+	// The lost reply must be the script's own, not a NOSCRIPT (after which
+	// nothing ran): load them all first, as a server that has run them has.
+	for _, sc := range []*script{beginScript, completeScript, extendScript, releaseScript, getScript} {
+		if err := sc.Load(ctx, c).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
 	now := time.Now()
 	const lease, retention = time.Minute, time.Hour
 	fired := 0
@@ -129,6 +144,27 @@ func TestLostReplyNotResent(t *testing.T) {
 	}
 	if got, err := s.Get(ctx, "r", now); !errors.Is(err, idempotency.ErrNotFound) {
 		t.Fatalf("after the lost Release, Get = %+v, %v; want ErrNotFound", got, err)
+	}
+
+	// Delete too: sent again after a claim was made meanwhile, it would
+	// remove that claim, and its holder's result would never be stored.
+	if _, _, err := s.Begin(ctx, "d", "fp", now, lease, retention); err != nil {
+		t.Fatal(err)
+	}
+	loser.mu.Lock()
+	hdels := loser.hdels
+	loser.mu.Unlock()
+	loser.arm()
+	err = s.Delete(ctx, "d")
+	lost("Delete")
+	loser.mu.Lock()
+	sent := loser.hdels - hdels
+	loser.mu.Unlock()
+	if !errors.Is(err, idempotency.ErrUnavailable) || sent != 1 {
+		t.Fatalf("Delete whose reply was lost: %v after %d sends; want ErrUnavailable after 1", err, sent)
+	}
+	if got, err := s.Get(ctx, "d", now); !errors.Is(err, idempotency.ErrNotFound) {
+		t.Fatalf("after the lost Delete, Get = %+v, %v; want ErrNotFound", got, err)
 	}
 
 	// Reads are still retried: a Get whose reply is lost is sent again.

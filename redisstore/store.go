@@ -464,13 +464,25 @@ func (s *Store) Delete(ctx context.Context, key string) error {
 	ctx, cancel := context.WithTimeout(ctx, s.timeout)
 	defer cancel()
 	k := s.prefix + key
+	// Sent once, like the scripts: re-sent after its reply was lost, it
+	// would remove a claim made meanwhile, whose holder's result would then
+	// never be stored.
+	hdel := func(ctx context.Context) (any, error) {
+		a := make([]any, 0, 2+len(recordFields))
+		a = append(a, "hdel", k)
+		for _, f := range recordFields {
+			a = append(a, f)
+		}
+		cmd := redis.NewCmd(ctx, a...)
+		cmd.SetFirstKeyPos(1)
+		_ = s.c.Process(ctx, onceCmd{cmd})
+		return nil, cmd.Err()
+	}
 	var err error
 	if s.ctxHonored {
-		err = s.c.HDel(ctx, k, recordFields...).Err()
+		_, err = hdel(ctx)
 	} else {
-		_, err = s.detached(ctx, func(ctx context.Context) (any, error) {
-			return nil, s.c.HDel(ctx, k, recordFields...).Err()
-		})
+		_, err = s.detached(ctx, hdel)
 	}
 	if err != nil {
 		return unavailable("delete", err)
