@@ -12,6 +12,18 @@
 // HDEL. A new request therefore costs two round trips (Begin, Complete) and
 // a replay one.
 //
+// Under load, round trips are shared: operations that arrive while another
+// is on the wire wait for it and then go out together, as one pipeline (on
+// Cluster, split by node), so that a busy store pays one write and one
+// read for many operations instead of one each. A lone operation goes out
+// at once. There is no goroutine behind it: the waiting callers take turns
+// sending. Each script keeps its rules (sent at most once if it writes;
+// EVAL after NOSCRIPT), and an operation whose ctx ends while it waits is
+// never sent. Batching needs a client with ContextTimeoutEnabled (a
+// pipeline's deadline must reach the socket); Options.NoBatch turns it off.
+// With 64 concurrent callers it took Guard.Do on new keys from 28-43% to
+// 54% of redis-benchmark's SET rate here (scripts/bench-redis.sh).
+//
 // The record's times are stored in it and every decision compares them:
 // the key's TTL (PEXPIRE or PEXPIREAT, set to cover the end of the window)
 // is only garbage collection, never the judge.

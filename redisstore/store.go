@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -63,6 +64,11 @@ type Options struct {
 	// reports a maxmemory-policy other than noeviction, instead of warning.
 	// A server that does not answer CONFIG GET only gets a warning.
 	RequireNoEviction bool
+	// NoBatch sends every operation on its own. By default operations that
+	// arrive while another is on the wire are sent together, as one
+	// pipeline (see batch.go); that needs a client with
+	// ContextTimeoutEnabled, without which there is no batching anyway.
+	NoBatch bool
 }
 
 // Store is an idempotency.Store on Redis. It is safe for concurrent use;
@@ -74,6 +80,11 @@ type Store struct {
 	timeout    time.Duration
 	server     bool
 	ctxHonored bool // the client bounds its I/O by the context's deadline
+	noBatch    bool
+
+	batch      batcher
+	batches    atomic.Uint64 // pipelines sent by the batcher, for tests
+	batchedOps atomic.Uint64 // operations in them
 }
 
 var _ idempotency.Store = (*Store)(nil)
@@ -90,7 +101,7 @@ func New(client redis.UniversalClient, opts *Options) (*Store, error) {
 	if client == nil {
 		return nil, fmt.Errorf("redisstore: %w: nil client", idempotency.ErrInvalidConfig)
 	}
-	s := &Store{c: client, prefix: opts.Prefix, timeout: opts.OpTimeout, ctxHonored: honorsContext(client)}
+	s := &Store{c: client, prefix: opts.Prefix, timeout: opts.OpTimeout, ctxHonored: honorsContext(client), noBatch: opts.NoBatch}
 	if s.prefix == "" {
 		s.prefix = DefaultPrefix
 	}
@@ -170,9 +181,12 @@ func (s *Store) call(ctx context.Context, op string, sc *script, key string, arg
 	keys := []string{s.prefix + key}
 	var v any
 	var err error
-	if s.ctxHonored {
+	switch {
+	case s.ctxHonored && !s.noBatch:
+		v, err = s.batched(ctx, sc, keys, args)
+	case s.ctxHonored:
 		v, err = sc.run(ctx, s.c, keys, args)
-	} else {
+	default:
 		v, err = s.detached(ctx, func(ctx context.Context) (any, error) {
 			return sc.run(ctx, s.c, keys, args)
 		})
@@ -221,7 +235,7 @@ func (sc *script) run(ctx context.Context, c redis.UniversalClient, keys []strin
 		return sc.Run(ctx, c, keys, args...).Result()
 	}
 	v, err := sendOnce(ctx, c, "evalsha", sc.Hash(), keys, args)
-	if err != nil && (errors.Is(err, redis.ErrNoScript) || redis.HasErrorPrefix(err, "NOSCRIPT")) {
+	if err != nil && isNoScript(err) {
 		v, err = sendOnce(ctx, c, "eval", sc.src, keys, args)
 	}
 	return v, err
