@@ -24,7 +24,31 @@ type metrics struct {
 	leaseLost  prometheus.Counter
 	inFlight   prometheus.Gauge
 	passedThru prometheus.Counter
+
+	// The series of every known outcome and store operation, made at
+	// start: they are exported (as 0) before the first request, and a
+	// request looks its own up in a map instead of hashing label values.
+	outcomes map[idemhttp.Outcome]outcomeSeries
+	ops      map[string]opSeries
 }
+
+type outcomeSeries struct {
+	requests prometheus.Counter
+	latency  prometheus.Observer
+}
+
+type opSeries struct {
+	latency prometheus.Observer
+	errs    prometheus.Counter
+}
+
+// knownOutcomes and storeOpNames are the label values made at start.
+var (
+	knownOutcomes = []idemhttp.Outcome{idemhttp.Executed, idemhttp.Replayed, idemhttp.InFlight, idemhttp.Conflict,
+		idemhttp.Unavailable, idemhttp.LeaseLost, idemhttp.Released, idemhttp.Abandoned, idemhttp.NotStored,
+		idemhttp.NotReplayable, idemhttp.BadRequest, idemhttp.TooLarge}
+	storeOpNames = []string{"begin", "complete", "extend", "release", "get", "delete"}
+)
 
 func newMetrics() *metrics {
 	m := &metrics{
@@ -66,14 +90,29 @@ func newMetrics() *metrics {
 	}
 	m.reg.MustRegister(m.requests, m.latency, m.storeOps, m.storeErrs, m.renewals, m.leaseLost, m.inFlight, m.passedThru,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	m.outcomes = make(map[idemhttp.Outcome]outcomeSeries, len(knownOutcomes))
+	for _, o := range knownOutcomes {
+		m.outcomes[o] = outcomeSeries{m.requests.WithLabelValues(string(o)), m.latency.WithLabelValues(string(o))}
+	}
+	m.ops = make(map[string]opSeries, len(storeOpNames))
+	for _, op := range storeOpNames {
+		m.ops[op] = opSeries{m.storeOps.WithLabelValues(op), m.storeErrs.WithLabelValues(op)}
+	}
+	for _, r := range []string{"ok", "lost", "error"} {
+		m.renewals.WithLabelValues(r)
+	}
 	return m
 }
 
 // Observe implements idemhttp.Observer.
 func (m *metrics) Observe(e idemhttp.Event) {
-	o := string(e.Outcome)
-	m.requests.WithLabelValues(o).Inc()
-	m.latency.WithLabelValues(o).Observe(e.Latency.Seconds())
+	os, ok := m.outcomes[e.Outcome]
+	if !ok {
+		o := string(e.Outcome)
+		os = outcomeSeries{m.requests.WithLabelValues(o), m.latency.WithLabelValues(o)}
+	}
+	os.requests.Inc()
+	os.latency.Observe(e.Latency.Seconds())
 	if e.Outcome == idemhttp.LeaseLost {
 		m.leaseLost.Inc()
 	}
@@ -106,9 +145,13 @@ type timedStore struct {
 }
 
 func (s timedStore) observe(op string, start time.Time, err error) {
-	s.m.storeOps.WithLabelValues(op).Observe(time.Since(start).Seconds())
+	os, ok := s.m.ops[op]
+	if !ok {
+		os = opSeries{s.m.storeOps.WithLabelValues(op), s.m.storeErrs.WithLabelValues(op)}
+	}
+	os.latency.Observe(time.Since(start).Seconds())
 	if err != nil && errors.Is(err, idempotency.ErrUnavailable) {
-		s.m.storeErrs.WithLabelValues(op).Inc()
+		os.errs.Inc()
 	}
 }
 

@@ -189,7 +189,10 @@ func TestAdmin(t *testing.T) {
 	mustPost(t, p.proxy, "/orders", "done-key", "x")
 	m := get(t, base+"/metrics")
 	for _, want := range []string{`idemproxy_requests_total{outcome="executed"} 1`, `idemproxy_store_duration_seconds_count{op="begin"}`,
-		"idemproxy_requests_in_flight", "idemproxy_requests_unguarded_total"} {
+		"idemproxy_requests_in_flight", "idemproxy_requests_unguarded_total",
+		// Known series are exported from the start, as 0.
+		`idemproxy_requests_total{outcome="conflict"} 0`, `idemproxy_store_errors_total{op="release"} 0`,
+		`idemproxy_lease_renewals_total{result="lost"} 0`} {
 		if !strings.Contains(m.body, want) {
 			t.Fatalf("/metrics lacks %s:\n%s", want, grepLines(m.body, "idemproxy_"))
 		}
