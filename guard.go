@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -280,6 +281,7 @@ type claimCtx struct {
 	mu     sync.Mutex
 	done   chan struct{}
 	lost   bool         // a renewal was rejected, or the lease ran out unrenewed
+	err    error        // the first non-nil Err, kept: Err must not change after
 	proven bool         // the store said so (ErrLeaseLost), not just the clock
 	stopFn func() bool  // unlinks from the parent's cancellation
 	afters []*afterCall // functions to run when the lease is lost
@@ -297,6 +299,12 @@ func (c *claimCtx) AfterFunc(f func()) (stop func() bool) {
 		c.mu.Unlock()
 		a.run()
 		return a.stop
+	}
+	if len(c.afters) == cap(c.afters) {
+		// Before the slice grows, forget the functions whose contexts were
+		// stopped: a long fn deriving one context per call holds only those
+		// under way.
+		c.afters = slices.DeleteFunc(c.afters, func(a *afterCall) bool { return a.state.Load() != 0 })
 	}
 	c.afters = append(c.afters, a)
 	c.mu.Unlock()
@@ -353,21 +361,28 @@ func (c *claimCtx) closeDone() {
 }
 
 func (c *claimCtx) Err() error {
+	perr := c.Context.Err()
 	c.mu.Lock()
-	lost := c.lost
-	c.mu.Unlock()
-	if lost {
-		return context.Canceled
+	defer c.mu.Unlock()
+	if c.err == nil {
+		c.err = perr
 	}
-	return c.Context.Err()
+	return c.err
 }
 
 // loseLease cancels fn's context. proven is true when the store rejected a
 // renewal, false when the lease ran out while the store could not be reached.
 func (c *claimCtx) loseLease(proven bool) {
+	perr := c.Context.Err() // a parent done first stays the reason
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.lost = true
+	if c.err == nil {
+		c.err = perr
+	}
+	if c.err == nil {
+		c.err = context.Canceled
+	}
 	c.proven = c.proven || proven
 	if c.done != nil {
 		select {
