@@ -14,9 +14,11 @@ import (
 // calls (a write and a read on each side, and go-redis's connection check)
 // than in work. So operations that arrive while another is on the wire
 // wait for it, and the next of them to be woken sends all that waited as
-// one pipeline: one write and one read for the lot, whatever their keys
-// (on Cluster, go-redis splits a pipeline by node). A lone operation is
-// sent at once, as before: nothing waits at low load.
+// one pipeline: one write and one read for the lot. A lone operation is
+// sent at once, as before: nothing waits at low load. On Cluster (and
+// Ring) each master has a queue of its own: a batch waits for its slowest
+// node, so one paused master would otherwise hold up, and fail at their
+// deadlines, the operations of all the others.
 //
 // There is no goroutine: the caller that finds the line free sends; when
 // its batch is answered, it hands the queue to the first caller in it and
@@ -24,11 +26,14 @@ import (
 // once (a pipeline that holds one is never re-sent by go-redis), a
 // NOSCRIPT reply (nothing ran) is followed by EVAL from its own caller.
 //
-// A caller whose ctx ends while it waits in the queue is taken out, never
-// sent; once its batch is on the wire it returns at its ctx's end like any
-// call, and the batch goes on (its write may or may not be applied). The
-// batch's deadline is the latest of its members', so it never outlives the
-// operations in it; the caller that sends it may return that late.
+// A caller whose ctx ends before its batch goes out leaves it, never sent
+// (a caller handed the lead so passes it on to the next that stayed); once
+// its batch is on the wire it returns at its ctx's end like any call, and
+// the batch goes on (its write may or may not be applied). The batch's
+// deadline is the latest of its members', so it never outlives the
+// operations in it; the caller that sends it may return that late. Should
+// a send panic, the panic goes up its sender's stack, the others get an
+// error and the queue is handed on all the same.
 //
 // Batching needs a client that bounds its I/O by the context
 // (ContextTimeoutEnabled); with one that does not, every call is sent on
@@ -59,19 +64,52 @@ type queued struct {
 	// send (itself first); led says done was closed for it.
 	lead []*queued
 	led  bool
+	// left, set under the lock, says the caller returned (its ctx ended)
+	// after its batch was formed: the batch goes out without it.
+	left bool
 }
 
-// batched runs sc for keys through the batcher. ctx has a deadline (call
-// sets OpTimeout).
+// errBatchAborted is the error of the operations of a batch whose send
+// panicked.
+var errBatchAborted = errors.New("redisstore: the batch's send panicked")
+
+// batcherFor returns the batcher of the node that holds key; nil when
+// that node is not known (the call then goes alone and fails or is
+// redirected as any command would).
+func (s *Store) batcherFor(ctx context.Context, key string) *batcher {
+	var node *redis.Client
+	var err error
+	switch c := s.c.(type) {
+	case *redis.ClusterClient:
+		node, err = c.MasterForKey(ctx, key)
+	case *redis.Ring:
+		node, err = c.GetShardClientForKey(key)
+	default:
+		return &s.batch
+	}
+	if err != nil {
+		return nil
+	}
+	if b, ok := s.nodes.Load(node); ok {
+		return b.(*batcher)
+	}
+	b, _ := s.nodes.LoadOrStore(node, new(batcher))
+	return b.(*batcher)
+}
+
+// batched runs sc for keys through the batcher of keys[0]'s node. ctx has
+// a deadline (call sets OpTimeout).
 func (s *Store) batched(ctx context.Context, sc *script, keys []string, args []any) (any, error) {
-	b := &s.batch
+	b := s.batcherFor(ctx, keys[0])
+	if b == nil {
+		return sc.run(ctx, s.c, keys, args)
+	}
 	b.mu.Lock()
 	if !b.sending {
 		b.sending = true
 		b.mu.Unlock()
-		v, err := sc.run(ctx, s.c, keys, args)
-		s.handOn()
-		return v, err
+		defer s.handOn(b)
+		return sc.run(ctx, s.c, keys, args)
 	}
 	q := &queued{sc: sc, keys: keys, args: args, ctx: ctx, done: make(chan struct{})}
 	q.deadline, _ = ctx.Deadline()
@@ -87,17 +125,37 @@ func (s *Store) batched(ctx context.Context, sc *script, keys []string, args []a
 			return nil, ctx.Err() // never sent
 		}
 		lead := q.lead
+		q.left = lead == nil
 		b.mu.Unlock()
 		if lead == nil {
-			// In a batch on the wire; its sender sees it through.
+			// In a batch, sent without it unless already on the wire.
 			return nil, ctx.Err()
 		}
 		// Handed the next batch: the others in it wait for this caller.
 	}
 	if q.lead != nil {
-		s.sendBatch(q.lead)
+		if ctx.Err() != nil {
+			s.passOn(b, q.lead[1:])
+			return nil, ctx.Err()
+		}
+		s.sendBatch(b, q.lead)
 	}
 	return q.result(ctx, s.c)
+}
+
+// passOn hands the lead of batch, whose leader's ctx ended before it was
+// sent, to its first caller that stayed.
+func (s *Store) passOn(b *batcher, batch []*queued) {
+	b.mu.Lock()
+	batch = slices.DeleteFunc(batch, func(q *queued) bool { return q.left })
+	if len(batch) == 0 {
+		b.mu.Unlock()
+		s.handOn(b)
+		return
+	}
+	batch[0].lead, batch[0].led = batch, true
+	b.mu.Unlock()
+	close(batch[0].done)
 }
 
 // result is the answer to q once its batch was answered; a NOSCRIPT reply
@@ -112,7 +170,10 @@ func (q *queued) result(ctx context.Context, c redis.UniversalClient) (any, erro
 
 // sendBatch sends batch as one pipeline, wakes its members and hands on
 // the queue.
-func (s *Store) sendBatch(batch []*queued) {
+func (s *Store) sendBatch(b *batcher, batch []*queued) {
+	b.mu.Lock()
+	batch = slices.DeleteFunc(batch, func(q *queued) bool { return q.left })
+	b.mu.Unlock()
 	latest := batch[0].deadline
 	for _, q := range batch {
 		if q.deadline.After(latest) {
@@ -122,9 +183,24 @@ func (s *Store) sendBatch(batch []*queued) {
 	// The sender's values (tracing) go along; its cancellation does not:
 	// the batch is the others' too.
 	ctx, cancel := context.WithDeadline(context.WithoutCancel(batch[0].ctx), latest)
-	pipe := s.c.Pipeline()
+	defer cancel()
 	for _, q := range batch {
 		q.cmd = evalshaCmd(ctx, q.sc, q.keys, q.args)
+	}
+	answered := false
+	defer func() {
+		for _, q := range batch {
+			if !answered {
+				q.cmd.SetErr(errBatchAborted)
+			}
+			if !q.led {
+				close(q.done)
+			}
+		}
+		s.handOn(b)
+	}()
+	pipe := s.c.Pipeline()
+	for _, q := range batch {
 		if q.sc.writes {
 			_ = pipe.Process(ctx, onceCmd{q.cmd})
 		} else {
@@ -132,21 +208,14 @@ func (s *Store) sendBatch(batch []*queued) {
 		}
 	}
 	_, _ = pipe.Exec(ctx) // each command holds its own answer
-	cancel()
+	answered = true
 	s.batches.Add(1)
 	s.batchedOps.Add(uint64(len(batch)))
-	for _, q := range batch {
-		if !q.led {
-			close(q.done)
-		}
-	}
-	s.handOn()
 }
 
 // handOn is called by a caller whose send is answered: it ends the
 // sending, or hands the queue to its first caller as the next batch.
-func (s *Store) handOn() {
-	b := &s.batch
+func (s *Store) handOn(b *batcher) {
 	b.mu.Lock()
 	if len(b.queue) == 0 {
 		b.sending = false

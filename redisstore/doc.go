@@ -13,14 +13,18 @@
 // a replay one.
 //
 // Under load, round trips are shared: operations that arrive while another
-// is on the wire wait for it and then go out together, as one pipeline (on
-// Cluster, split by node), so that a busy store pays one write and one
-// read for many operations instead of one each. A lone operation goes out
-// at once. There is no goroutine behind it: the waiting callers take turns
-// sending. Each script keeps its rules (sent at most once if it writes;
-// EVAL after NOSCRIPT), and an operation whose ctx ends while it waits is
-// never sent. Batching needs a client with ContextTimeoutEnabled (a
-// pipeline's deadline must reach the socket); Options.NoBatch turns it off.
+// is on the wire wait for it and then go out together, as one pipeline, so
+// that a busy store pays one write and one read for many operations instead
+// of one each. On Cluster each master has its own queue, so that a stalled
+// master holds up only its own keys. A lone operation goes out at once.
+// There is no goroutine behind it: the waiting callers take turns sending.
+// Each script keeps its rules (sent at most once if it writes; EVAL after
+// NOSCRIPT), and an operation whose ctx ends before its batch goes out is
+// never sent. go-redis retries no pipeline that holds a write, so a Get or
+// a failed dial in one fails with ErrUnavailable where, sent alone, it
+// would have been retried. Batching needs a client with
+// ContextTimeoutEnabled (a pipeline's deadline must reach the socket);
+// Options.NoBatch turns it off.
 // With 64 concurrent callers it took Guard.Do on new keys from 28-43% to
 // 54% of redis-benchmark's SET rate here (scripts/bench-redis.sh).
 //

@@ -181,6 +181,8 @@ func TestKillRestartAOF(t *testing.T) {
 	ps.kill()
 	close(stop)
 	wg.Wait()
+	idle(t, s)
+	t.Logf("%d batches carried %d operations", s.batches.Load(), s.batchedOps.Load())
 	mu.Lock()
 	defer mu.Unlock()
 	if len(acked) == 0 {
@@ -296,6 +298,8 @@ func TestToxiproxy(t *testing.T) {
 	}
 	close(stop)
 	hangGuard(t, 30*time.Second, "workers", wg.Wait)
+	idle(t, s)
+	t.Logf("%d batches carried %d operations", s.batches.Load(), s.batchedOps.Load())
 
 	summary := map[string]int64{}
 	outcomes.Range(func(k, v any) bool { summary[k.(string)] = v.(*atomic.Int64).Load(); return true })

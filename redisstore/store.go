@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -83,6 +84,7 @@ type Store struct {
 	noBatch    bool
 
 	batch      batcher
+	nodes      sync.Map      // Cluster or Ring: *redis.Client of a node -> *batcher
 	batches    atomic.Uint64 // pipelines sent by the batcher, for tests
 	batchedOps atomic.Uint64 // operations in them
 }
