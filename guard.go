@@ -122,8 +122,40 @@ func (g *Guard) now() time.Time {
 	if g.Now != nil {
 		return g.Now()
 	}
-	return time.Now()
+	a, d := localClock()
+	return a.t.Add(d)
 }
+
+// localClock reads time.Now for a Guard whose Now is nil: the reading is
+// a.t.Add(d), or a.unix+d in Unix nanoseconds. It is read through the
+// monotonic clock from an anchor that time.Now renews every anchorFor:
+// time.Since reads one clock where time.Now reads two, which is a good part
+// of a replay's cost. The reading drifts from time.Now by no more than the
+// wall clock is slewed in anchorFor; after a suspend, during which the
+// monotonic clock stops, it runs late for at most anchorFor of waking time
+// (late is the safe side: a lease looks longer, a window shorter). Inside a
+// testing/synctest bubble time.Since is computed from the bubble's time.Now,
+// so the reading is exactly that.
+func localClock() (a *clockAnchor, d time.Duration) {
+	if a = anchor.Load(); a != nil {
+		if d = time.Since(a.t); d >= 0 && d < anchorFor {
+			return a, d
+		}
+	}
+	t := time.Now()
+	a = &clockAnchor{t: t, unix: t.UnixNano()}
+	anchor.Store(a)
+	return a, 0
+}
+
+type clockAnchor struct {
+	t    time.Time
+	unix int64
+}
+
+const anchorFor = time.Second
+
+var anchor atomic.Pointer[clockAnchor]
 
 // Result is the full answer of Guard.Run.
 type Result struct {
@@ -159,39 +191,86 @@ type Result struct {
 // happened but a retry may run fn again after the lease (fence it
 // downstream with TokenFrom).
 func (g *Guard) Do(ctx context.Context, key, fingerprint string, fn func(context.Context) (Response, error)) (Response, Outcome, error) {
-	r, err := g.Run(ctx, key, fingerprint, fn)
+	var r Result
+	err := g.run(ctx, key, fingerprint, fn, &r)
 	return r.Response, r.Outcome, err
 }
 
 // Run is Do with the full Result, for adapters that need the lease and the
 // window (Retry-After, expiry headers).
 func (g *Guard) Run(ctx context.Context, key, fingerprint string, fn func(context.Context) (Response, error)) (Result, error) {
+	var r Result
+	err := g.run(ctx, key, fingerprint, fn, &r)
+	return r, err
+}
+
+// run is Run answering into res, which is zero: a Result is large, and
+// Do would otherwise copy it on its way out of every call.
+func (g *Guard) run(ctx context.Context, key, fingerprint string, fn func(context.Context) (Response, error), res *Result) error {
 	cfg, err := g.config()
 	if err != nil {
-		return Result{Outcome: Unavailable}, fmt.Errorf("%w: %w", ErrUnavailable, err)
+		res.Outcome = Unavailable
+		return fmt.Errorf("%w: %w", ErrUnavailable, err)
+	}
+	if ms, ok := g.Store.(*MemoryStore); ok {
+		// The same answer as below, without a Record in between, and
+		// without a time.Time unless fn runs.
+		var (
+			now time.Time
+			n   int64
+			a   *clockAnchor
+			d   time.Duration
+		)
+		if g.Now != nil {
+			now = g.Now()
+			n = now.UnixNano()
+		} else {
+			a, d = localClock()
+			n = a.unix + int64(d)
+		}
+		claimed, err := ms.beginResult(ctx, key, fingerprint, n, cfg.lease, cfg.retention, res)
+		switch {
+		case err != nil:
+			*res = Result{Outcome: Unavailable}
+			return unavailable("begin", err)
+		case claimed:
+			if a != nil {
+				now = a.t.Add(d)
+			}
+			return g.execute(ctx, cfg, key, res.Token, now, fn, res)
+		case res.Outcome == Conflicted:
+			return ErrConflict
+		case res.Outcome == InFlight:
+			return ErrInFlight
+		}
+		return nil
 	}
 	now := g.now()
 	rec, claimed, err := g.Store.Begin(ctx, key, fingerprint, now, cfg.lease, cfg.retention)
 	if err != nil {
-		return Result{Outcome: Unavailable}, unavailable("begin", err)
+		res.Outcome = Unavailable
+		return unavailable("begin", err)
 	}
 	if !claimed {
 		switch rec.State {
 		case Done:
-			return Result{Response: rec.Response, Outcome: Replayed, ExpiresAt: rec.ExpiresAt}, nil
+			*res = Result{Response: rec.Response, Outcome: Replayed, ExpiresAt: rec.ExpiresAt}
+			return nil
 		case Conflict:
-			return Result{Outcome: Conflicted}, ErrConflict
+			res.Outcome = Conflicted
+			return ErrConflict
 		default:
-			return Result{Outcome: InFlight, LeaseUntil: rec.LeaseUntil}, ErrInFlight
+			*res = Result{Outcome: InFlight, LeaseUntil: rec.LeaseUntil}
+			return ErrInFlight
 		}
 	}
-	return g.execute(ctx, cfg, key, rec.Token, now, fn)
+	return g.execute(ctx, cfg, key, rec.Token, now, fn, res)
 }
 
 // execute runs fn for the claim named by token, taken at now by the
-// Guard's clock.
-func (g *Guard) execute(ctx context.Context, cfg config, key string, token uint64, now time.Time, fn func(context.Context) (Response, error)) (res Result, err error) {
-	res = Result{Outcome: Executed, Token: token}
+// Guard's clock, and answers into res.
+func (g *Guard) execute(ctx context.Context, cfg config, key string, token uint64, now time.Time, fn func(context.Context) (Response, error), res *Result) error {
+	*res = Result{Outcome: Executed, Token: token}
 	c := &claimCtx{Context: ctx, token: token}
 	var r *renewer
 	if cfg.renewEvery > 0 {
@@ -231,25 +310,25 @@ func (g *Guard) execute(ctx context.Context, cfg config, key string, token uint6
 		r.stop()
 	}
 	if c.finish() {
-		return res, fmt.Errorf("idempotency: result not stored: %w", ErrLeaseLost)
+		return fmt.Errorf("idempotency: result not stored: %w", ErrLeaseLost)
 	}
 	if ferr != nil {
 		if IsRetryable(ferr) {
 			if rerr := g.Store.Release(wctx, key, token); rerr != nil {
-				return res, errors.Join(ferr, fmt.Errorf("idempotency: release: %w", rerr))
+				return errors.Join(ferr, fmt.Errorf("idempotency: release: %w", rerr))
 			}
 		}
-		return res, ferr
+		return ferr
 	}
 	now = g.now()
 	if err := g.Store.Complete(wctx, key, token, resp, now, cfg.retention); err != nil {
 		if errors.Is(err, ErrLeaseLost) {
-			return res, fmt.Errorf("idempotency: result not stored: %w", err)
+			return fmt.Errorf("idempotency: result not stored: %w", err)
 		}
-		return res, unavailable("complete", err)
+		return unavailable("complete", err)
 	}
 	res.ExpiresAt = now.Add(cfg.retention)
-	return res, nil
+	return nil
 }
 
 // TokenFrom returns the fencing token of the claim whose fn is running with

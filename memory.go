@@ -105,8 +105,9 @@ func (sh *memShard) get(key string) *memRecord {
 	return &sh.recs[i]
 }
 
-// add stores a new record for key, which has none. sh is locked.
-func (sh *memShard) add(key string, rec memRecord) {
+// add stores a new record for key, which has none, and returns it in
+// place. sh is locked.
+func (sh *memShard) add(key string, rec memRecord) *memRecord {
 	rec.key = key
 	var i int32
 	if n := len(sh.free); n > 0 {
@@ -118,6 +119,7 @@ func (sh *memShard) add(key string, rec memRecord) {
 		sh.recs = append(sh.recs, rec)
 	}
 	sh.idx[key] = i
+	return &sh.recs[i]
 }
 
 // remove deletes key's record, which exists. sh is locked.
@@ -169,19 +171,22 @@ const (
 // memRecord is a Record with times as Unix nanoseconds (0: zero time) and
 // the state in a byte (0: a free position). It is held by value in its
 // shard's slice: no allocation per record.
+//
+// The fields every Begin reads come first, in the record's first 64 bytes:
+// one cache line where the record is line-aligned.
 type memRecord struct {
-	key        string // the record's own key, for compact
+	expiresAt  int64
+	leaseUntil int64
 	fp         string
 	body       []byte
-	hdr        []byte // the header, encoded (see keepHeader); nil: no header
+	state      memState
 	status     int
 	token      uint64
-	leaseUntil int64
-	expiresAt  int64
+	hdr        []byte // the header, encoded (see keepHeader); nil: no header
 	// queuedAt is the time of the expiry queue entry that stands for this
 	// record (see sweep).
 	queuedAt int64
-	state    memState
+	key      string // the record's own key, for compact
 }
 
 func (r *memRecord) record(withResponse bool) Record {
@@ -377,41 +382,89 @@ func (s *MemoryStore) Begin(ctx context.Context, key, fingerprint string, now ti
 	if err := s.fault(ctx, "begin"); err != nil {
 		return Record{}, false, err
 	}
-	n := now.UnixNano()
 	sh := s.shard(key)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
+	rec, claimed, err := s.claim(sh, key, fingerprint, now.UnixNano(), lease, retention)
+	switch {
+	case err != nil:
+		return Record{}, false, err
+	case claimed:
+		return rec.record(false), true, nil
+	case rec.fp != fingerprint:
+		return Record{State: Conflict, Fingerprint: rec.fp, ExpiresAt: unixTime(rec.expiresAt)}, false, nil
+	default:
+		return rec.record(rec.state == memDone), false, nil
+	}
+}
+
+// beginResult is Begin for the Guard, at now in Unix nanoseconds: it
+// answers straight into res, which is zero, without building a Record, and copies a replayed response after
+// unlocking (stored bytes are never written again: see keepBody). The
+// answer is Begin's in every case; claimed is Begin's second result, and
+// res.Outcome is set only when it is false.
+func (s *MemoryStore) beginResult(ctx context.Context, key, fingerprint string, now int64, lease, retention time.Duration, res *Result) (claimed bool, err error) {
+	if err := s.fault(ctx, "begin"); err != nil {
+		return false, err
+	}
+	sh := s.shard(key)
+	sh.mu.Lock()
+	rec, claimed, err := s.claim(sh, key, fingerprint, now, lease, retention)
+	var body, hdr []byte
+	switch {
+	case err != nil:
+	case claimed:
+		res.Token = rec.token
+	case rec.fp != fingerprint:
+		res.Outcome = Conflicted
+	case rec.state == memDone:
+		res.Outcome = Replayed
+		res.Response.Status = rec.status
+		body, hdr = rec.body, rec.hdr
+		res.ExpiresAt = unixTime(rec.expiresAt)
+	default:
+		res.Outcome = InFlight
+		res.LeaseUntil = unixTime(rec.leaseUntil)
+	}
+	sh.mu.Unlock()
+	if res.Outcome == Replayed {
+		res.Response.Body = cloneBytes(body)
+		res.Response.Header = decodeHeader(hdr)
+	}
+	return claimed, err
+}
+
+// claim makes Begin's decision at n (Unix nanoseconds), with sh locked. It
+// returns key's record as it stands after the call, to be read in place
+// while sh stays locked, and whether this call claimed it. An answer that is
+// not a claim is a conflict when the record's fingerprint differs, a replay
+// when it is done, and in flight otherwise.
+func (s *MemoryStore) claim(sh *memShard, key, fingerprint string, n int64, lease, retention time.Duration) (rec *memRecord, claimed bool, err error) {
 	s.sweep(sh, n, sweepPerWrite)
-	rec := sh.get(key)
+	rec = sh.get(key)
 	if rec == nil || n >= rec.expiresAt {
 		if rec == nil && !s.reserve(sh, n) {
-			return Record{}, false, fmt.Errorf("idempotency: memory begin: %w: store full (%d records)", ErrUnavailable, s.max)
+			return nil, false, fmt.Errorf("idempotency: memory begin: %w: store full (%d records)", ErrUnavailable, s.max)
 		}
 		fresh := memRecord{fp: fingerprint, state: memProcessing, token: s.tokens.Add(1),
 			leaseUntil: n + int64(lease), expiresAt: n + int64(retention)}
 		fresh.queuedAt = fresh.expiresAt
 		if rec == nil {
-			sh.add(key, fresh)
+			rec = sh.add(key, fresh)
 		} else {
 			fresh.key = rec.key
 			*rec = fresh
 		}
 		sh.exp.push(expiry{at: fresh.expiresAt, key: key})
-		return fresh.record(false), true, nil
+		return rec, true, nil
 	}
-	if rec.fp != fingerprint {
-		return Record{State: Conflict, Fingerprint: rec.fp, ExpiresAt: unixTime(rec.expiresAt)}, false, nil
-	}
-	if rec.state == memDone {
-		return rec.record(true), false, nil
-	}
-	if n < rec.leaseUntil {
-		return rec.record(false), false, nil
+	if rec.fp != fingerprint || rec.state == memDone || n < rec.leaseUntil {
+		return rec, false, nil
 	}
 	rec.token = s.tokens.Add(1)
 	rec.leaseUntil = n + int64(lease)
 	rec.expiresAt = max(rec.expiresAt, rec.leaseUntil)
-	return rec.record(false), true, nil
+	return rec, true, nil
 }
 
 // reserve counts one more record, reclaiming expired ones from every shard
