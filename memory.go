@@ -440,8 +440,13 @@ func (s *MemoryStore) beginResult(ctx context.Context, key, fingerprint string, 
 // not a claim is a conflict when the record's fingerprint differs, a replay
 // when it is done, and in flight otherwise.
 func (s *MemoryStore) claim(sh *memShard, key, fingerprint string, n int64, lease, retention time.Duration) (rec *memRecord, claimed bool, err error) {
-	s.sweep(sh, n, sweepPerWrite)
 	rec = sh.get(key)
+	if rec != nil && n < rec.expiresAt && (rec.fp != fingerprint || rec.state == memDone || n < rec.leaseUntil) {
+		return rec, false, nil // an answer that writes nothing sweeps nothing
+	}
+	if s.sweep(sh, n, sweepPerWrite) {
+		rec = sh.get(key) // the sweep may have removed it, or moved it (compact)
+	}
 	if rec == nil || n >= rec.expiresAt {
 		if rec == nil && !s.reserve(sh, n) {
 			return nil, false, fmt.Errorf("idempotency: memory begin: %w: store full (%d records)", ErrUnavailable, s.max)
@@ -494,7 +499,8 @@ func (s *MemoryStore) reserve(sh *memShard, now int64) bool {
 	return false
 }
 
-// sweep removes up to limit expired records (limit < 0: all) from sh.
+// sweep removes up to limit expired records (limit < 0: all) from sh, and
+// reports whether it removed any (which may have moved the others).
 //
 // Each record has one entry in the shard's expiry queue, at its queuedAt,
 // which is never later than its expiresAt: writes that push expiresAt back
@@ -503,11 +509,11 @@ func (s *MemoryStore) reserve(sh *memShard, now int64) bool {
 // costs no queue push, and the queue holds about one entry per record.
 // Entries of records since removed or re-created are stale (their time is
 // not the record's queuedAt) and dropped.
-func (s *MemoryStore) sweep(sh *memShard, now int64, limit int) {
+func (s *MemoryStore) sweep(sh *memShard, now int64, limit int) (removed bool) {
 	for n := 0; limit < 0 || n < limit; n++ {
 		e, ok := sh.exp.popDue(now)
 		if !ok {
-			return
+			return removed
 		}
 		rec := sh.get(e.key)
 		if rec == nil || rec.queuedAt != e.at {
@@ -516,11 +522,13 @@ func (s *MemoryStore) sweep(sh *memShard, now int64, limit int) {
 		if rec.expiresAt <= now {
 			sh.remove(e.key)
 			s.count.Add(-1)
+			removed = true
 			continue
 		}
 		rec.queuedAt = rec.expiresAt
 		sh.exp.push(expiry{at: rec.expiresAt, key: e.key})
 	}
+	return removed
 }
 
 // Complete implements Store.
