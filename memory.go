@@ -68,85 +68,150 @@ func NewMemoryStoreWith(opts *MemoryOptions) (*MemoryStore, error) {
 	if opts.MaxRecords < 0 {
 		return nil, fmt.Errorf("%w: MaxRecords %d is negative", ErrInvalidConfig, opts.MaxRecords)
 	}
-	s := &MemoryStore{seed: maphash.MakeSeed(), max: int64(opts.MaxRecords)}
-	for i := range s.shards {
-		s.shards[i].idx = make(map[string]int32)
-	}
-	return s, nil
+	return &MemoryStore{seed: maphash.MakeSeed(), max: int64(opts.MaxRecords)}, nil
 }
 
-// memShard holds its records in a slice, found through a map from key to
-// position: the map's slots stay small (a string and an int32), so a new key
-// mostly costs a small map slot, and an operation reads and writes its record
-// in place instead of copying it out of the map and back. Positions freed by
-// deletes are reused; when most of the slice is free, it is compacted and the
-// map rebuilt, so that memory follows the live window after a burst (a Go map
-// never shrinks by itself).
+// memShard holds its records in a slice, found through an index of its
+// own: an open-addressing table (linear probing) of 8-byte slots, keyed by
+// the same seeded hash that chose the shard. A key is hashed once per
+// operation, a slot costs a third of a Go map's entry, and an operation reads
+// and writes its record in place instead of copying it out of a map and
+// back. Positions freed by deletes are reused; when most of the slice is
+// free, it is compacted and the index rebuilt, so that memory follows the
+// live window after a burst (a Go map never shrinks by itself).
+//
+// A slot is 0 when empty, slotDeleted once its record is removed (probing
+// goes on past it), and otherwise the record's position plus one in its low
+// 32 bits under the top 32 bits of the key's hash, which spare most probes a
+// look at the record's key.
 type memShard struct {
-	mu   sync.Mutex
-	idx  map[string]int32
-	recs []memRecord
-	free []int32
-	exp  expiryHeap
-	slab []byte   // where small stored bodies are copied; see keepBody
-	_    [64]byte // keep hot shard locks on separate cache lines
+	mu    sync.Mutex
+	slots []uint64
+	used  int // slots not empty: live and deleted
+	recs  []memRecord
+	free  []int32
+	exp   expiryHeap
+	slab  []byte   // where small stored bodies are copied; see keepBody
+	_     [64]byte // keep hot shard locks on separate cache lines
 }
 
-// compactMin is the number of free positions below which a shard is never
-// compacted.
-const compactMin = 256
+const (
+	// compactMin is the number of free positions below which a shard is
+	// never compacted.
+	compactMin = 256
+	// shardBits are the low bits of a key's hash that choose its shard; the
+	// bits above them choose its first slot.
+	shardBits   = 5
+	slotDeleted = 1<<32 - 1
+	minSlots    = 8
+)
 
-// get returns key's record, to read and change in place. sh is locked.
-func (sh *memShard) get(key string) *memRecord {
-	i, ok := sh.idx[key]
-	if !ok {
+// get returns key's record, whose hash is h, to read and change in place.
+// sh is locked.
+func (sh *memShard) get(h uint64, key string) *memRecord {
+	if len(sh.slots) == 0 {
 		return nil
 	}
-	return &sh.recs[i]
+	mask := uint64(len(sh.slots) - 1)
+	tag := h >> 32
+	for i := (h >> shardBits) & mask; ; i = (i + 1) & mask {
+		v := sh.slots[i]
+		if v == 0 {
+			return nil
+		}
+		if v>>32 == tag && uint32(v) != slotDeleted {
+			if r := &sh.recs[uint32(v)-1]; r.key == key {
+				return r
+			}
+		}
+	}
 }
 
-// add stores a new record for key, which has none, and returns it in
-// place. sh is locked.
-func (sh *memShard) add(key string, rec memRecord) *memRecord {
-	rec.key = key
-	var i int32
+// add stores a new record for key, whose hash is h and which has none, and
+// returns it in place. sh is locked.
+func (sh *memShard) add(h uint64, key string, rec memRecord) *memRecord {
+	rec.key, rec.hash = key, h
+	var p int32
 	if n := len(sh.free); n > 0 {
-		i = sh.free[n-1]
+		p = sh.free[n-1]
 		sh.free = sh.free[:n-1]
-		sh.recs[i] = rec
+		sh.recs[p] = rec
 	} else {
-		i = int32(len(sh.recs))
+		p = int32(len(sh.recs))
 		sh.recs = append(sh.recs, rec)
 	}
-	sh.idx[key] = i
-	return &sh.recs[i]
+	// At most three quarters of the slots are used, so that probes stay
+	// short and always end at an empty slot.
+	if (sh.used+1)*4 > len(sh.slots)*3 {
+		sh.reindex(len(sh.recs) - len(sh.free))
+	} else {
+		sh.place(h, p)
+	}
+	return &sh.recs[p]
 }
 
-// remove deletes key's record, which exists. sh is locked.
-func (sh *memShard) remove(key string) {
-	i := sh.idx[key]
-	delete(sh.idx, key)
-	sh.recs[i] = memRecord{} // drop its references
-	sh.free = append(sh.free, i)
+// place puts position p, of a record whose hash is h, in the first empty or
+// deleted slot of its probe sequence.
+func (sh *memShard) place(h uint64, p int32) {
+	mask := uint64(len(sh.slots) - 1)
+	for i := (h >> shardBits) & mask; ; i = (i + 1) & mask {
+		switch v := sh.slots[i]; {
+		case v == 0:
+			sh.used++
+			fallthrough
+		case uint32(v) == slotDeleted:
+			sh.slots[i] = h>>32<<32 | uint64(p+1)
+			return
+		}
+	}
+}
+
+// reindex rebuilds the index, without deleted slots, for live records: at
+// least twice as many slots, so the next rebuild is as many adds away.
+func (sh *memShard) reindex(live int) {
+	n := minSlots
+	for n < 2*live {
+		n *= 2
+	}
+	sh.slots, sh.used = make([]uint64, n), 0
+	for p := range sh.recs {
+		if r := &sh.recs[p]; r.state != 0 {
+			sh.place(r.hash, int32(p))
+		}
+	}
+}
+
+// remove deletes the record rec, which get returned. sh is locked.
+func (sh *memShard) remove(rec *memRecord) {
+	var p int32
+	mask := uint64(len(sh.slots) - 1)
+	for i := (rec.hash >> shardBits) & mask; ; i = (i + 1) & mask {
+		if v := sh.slots[i]; v != 0 && uint32(v) != slotDeleted && &sh.recs[uint32(v)-1] == rec {
+			p = int32(uint32(v) - 1)
+			sh.slots[i] = slotDeleted
+			break
+		}
+	}
+	*rec = memRecord{} // drop its references
+	sh.free = append(sh.free, p)
 	if len(sh.free) >= compactMin && len(sh.free) > len(sh.recs)/2 {
 		sh.compact()
 	}
 }
 
 // compact moves the live records to a new slice of their size and rebuilds
-// the map for it. Its cost, one pass over the live records, is paid at most
-// once per as many deletes as there are live records.
+// the index for it. Its cost, one pass over the live records, is paid at
+// most once per as many deletes as there are live records.
 func (sh *memShard) compact() {
 	live := len(sh.recs) - len(sh.free)
 	recs := make([]memRecord, 0, live)
-	idx := make(map[string]int32, live)
 	for i := range sh.recs {
 		if r := &sh.recs[i]; r.state != 0 {
-			idx[r.key] = int32(len(recs))
 			recs = append(recs, *r)
 		}
 	}
-	sh.recs, sh.idx, sh.free = recs, idx, nil
+	sh.recs, sh.free = recs, nil
+	sh.reindex(live)
 }
 
 // Bodies up to slabMax bytes are copied into a shard's current slab of
@@ -186,7 +251,8 @@ type memRecord struct {
 	// queuedAt is the time of the expiry queue entry that stands for this
 	// record (see sweep).
 	queuedAt int64
-	key      string // the record's own key, for compact
+	key      string // the record's own key
+	hash     uint64 // and its hash, for reindex
 }
 
 func (r *memRecord) record(withResponse bool) Record {
@@ -361,8 +427,10 @@ func (sh *memShard) keepBody(b []byte) []byte {
 	return sh.slab[i:len(sh.slab):len(sh.slab)]
 }
 
-func (s *MemoryStore) shard(key string) *memShard {
-	return &s.shards[maphash.String(s.seed, key)%memShards]
+// shard returns key's shard and its hash.
+func (s *MemoryStore) shard(key string) (*memShard, uint64) {
+	h := maphash.String(s.seed, key)
+	return &s.shards[h%memShards], h
 }
 
 func (s *MemoryStore) fault(ctx context.Context, op string) error {
@@ -382,10 +450,10 @@ func (s *MemoryStore) Begin(ctx context.Context, key, fingerprint string, now ti
 	if err := s.fault(ctx, "begin"); err != nil {
 		return Record{}, false, err
 	}
-	sh := s.shard(key)
+	sh, h := s.shard(key)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
-	rec, claimed, err := s.claim(sh, key, fingerprint, now.UnixNano(), lease, retention)
+	rec, claimed, err := s.claim(sh, h, key, fingerprint, now.UnixNano(), lease, retention)
 	switch {
 	case err != nil:
 		return Record{}, false, err
@@ -407,9 +475,9 @@ func (s *MemoryStore) beginResult(ctx context.Context, key, fingerprint string, 
 	if err := s.fault(ctx, "begin"); err != nil {
 		return false, err
 	}
-	sh := s.shard(key)
+	sh, h := s.shard(key)
 	sh.mu.Lock()
-	rec, claimed, err := s.claim(sh, key, fingerprint, now, lease, retention)
+	rec, claimed, err := s.claim(sh, h, key, fingerprint, now, lease, retention)
 	var body, hdr []byte
 	switch {
 	case err != nil:
@@ -439,13 +507,13 @@ func (s *MemoryStore) beginResult(ctx context.Context, key, fingerprint string, 
 // while sh stays locked, and whether this call claimed it. An answer that is
 // not a claim is a conflict when the record's fingerprint differs, a replay
 // when it is done, and in flight otherwise.
-func (s *MemoryStore) claim(sh *memShard, key, fingerprint string, n int64, lease, retention time.Duration) (rec *memRecord, claimed bool, err error) {
-	rec = sh.get(key)
+func (s *MemoryStore) claim(sh *memShard, h uint64, key, fingerprint string, n int64, lease, retention time.Duration) (rec *memRecord, claimed bool, err error) {
+	rec = sh.get(h, key)
 	if rec != nil && n < rec.expiresAt && (rec.fp != fingerprint || rec.state == memDone || n < rec.leaseUntil) {
 		return rec, false, nil // an answer that writes nothing sweeps nothing
 	}
 	if s.sweep(sh, n, sweepPerWrite) {
-		rec = sh.get(key) // the sweep may have removed it, or moved it (compact)
+		rec = sh.get(h, key) // the sweep may have removed it, or moved it (compact)
 	}
 	if rec == nil || n >= rec.expiresAt {
 		if rec == nil && !s.reserve(sh, n) {
@@ -455,9 +523,9 @@ func (s *MemoryStore) claim(sh *memShard, key, fingerprint string, n int64, leas
 			leaseUntil: n + int64(lease), expiresAt: n + int64(retention)}
 		fresh.queuedAt = fresh.expiresAt
 		if rec == nil {
-			rec = sh.add(key, fresh)
+			rec = sh.add(h, key, fresh)
 		} else {
-			fresh.key = rec.key
+			fresh.key, fresh.hash = rec.key, rec.hash
 			*rec = fresh
 		}
 		sh.exp.push(expiry{at: fresh.expiresAt, key: key})
@@ -515,12 +583,12 @@ func (s *MemoryStore) sweep(sh *memShard, now int64, limit int) (removed bool) {
 		if !ok {
 			return removed
 		}
-		rec := sh.get(e.key)
+		rec := sh.get(maphash.String(s.seed, e.key), e.key)
 		if rec == nil || rec.queuedAt != e.at {
 			continue
 		}
 		if rec.expiresAt <= now {
-			sh.remove(e.key)
+			sh.remove(rec)
 			s.count.Add(-1)
 			removed = true
 			continue
@@ -537,10 +605,10 @@ func (s *MemoryStore) Complete(ctx context.Context, key string, token uint64, re
 		return err
 	}
 	n := now.UnixNano()
-	sh := s.shard(key)
+	sh, h := s.shard(key)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
-	rec := sh.get(key)
+	rec := sh.get(h, key)
 	if rec == nil || rec.token != token || rec.state != memProcessing {
 		return fmt.Errorf("idempotency: memory complete: %w", ErrLeaseLost)
 	}
@@ -562,10 +630,10 @@ func (s *MemoryStore) Extend(ctx context.Context, key string, token uint64, now 
 	if err := s.fault(ctx, "extend"); err != nil {
 		return err
 	}
-	sh := s.shard(key)
+	sh, h := s.shard(key)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
-	rec := sh.get(key)
+	rec := sh.get(h, key)
 	if rec == nil || rec.token != token || rec.state != memProcessing {
 		return fmt.Errorf("idempotency: memory extend: %w", ErrLeaseLost)
 	}
@@ -579,14 +647,14 @@ func (s *MemoryStore) Release(ctx context.Context, key string, token uint64) err
 	if err := s.fault(ctx, "release"); err != nil {
 		return err
 	}
-	sh := s.shard(key)
+	sh, h := s.shard(key)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
-	rec := sh.get(key)
+	rec := sh.get(h, key)
 	if rec == nil || rec.token != token || rec.state != memProcessing {
 		return fmt.Errorf("idempotency: memory release: %w", ErrLeaseLost)
 	}
-	sh.remove(key)
+	sh.remove(rec)
 	s.count.Add(-1)
 	return nil
 }
@@ -596,10 +664,10 @@ func (s *MemoryStore) Get(ctx context.Context, key string, now time.Time) (Recor
 	if err := s.fault(ctx, "get"); err != nil {
 		return Record{}, err
 	}
-	sh := s.shard(key)
+	sh, h := s.shard(key)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
-	rec := sh.get(key)
+	rec := sh.get(h, key)
 	if rec == nil || now.UnixNano() >= rec.expiresAt {
 		return Record{}, fmt.Errorf("idempotency: memory get %q: %w", key, ErrNotFound)
 	}
@@ -611,11 +679,11 @@ func (s *MemoryStore) Delete(ctx context.Context, key string) error {
 	if err := s.fault(ctx, "delete"); err != nil {
 		return err
 	}
-	sh := s.shard(key)
+	sh, h := s.shard(key)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
-	if sh.get(key) != nil {
-		sh.remove(key)
+	if rec := sh.get(h, key); rec != nil {
+		sh.remove(rec)
 		s.count.Add(-1)
 	}
 	return nil

@@ -8,7 +8,7 @@ import (
 )
 
 // TestMemoryCompacts: once a burst has expired and been swept, each shard's
-// record slice and map are rebuilt to the live records' size, and every live
+// record slice and index are rebuilt to the live records' size, and every live
 // record is still found under its key with its own contents.
 func TestMemoryCompacts(t *testing.T) {
 	s := NewMemoryStore()
@@ -67,8 +67,17 @@ func TestMemoryCompacts(t *testing.T) {
 	for i := range s.shards {
 		sh := &s.shards[i]
 		total += len(sh.recs)
-		if len(sh.idx) != len(sh.recs)-len(sh.free) {
-			t.Errorf("shard %d: %d keys in the map, %d positions used", i, len(sh.idx), len(sh.recs)-len(sh.free))
+		indexed := 0
+		for _, v := range sh.slots {
+			if v != 0 && uint32(v) != slotDeleted {
+				indexed++
+			}
+		}
+		if indexed != len(sh.recs)-len(sh.free) {
+			t.Errorf("shard %d: %d keys in the index, %d positions used", i, indexed, len(sh.recs)-len(sh.free))
+		}
+		if len(sh.slots) > 4*len(sh.recs)+minSlots {
+			t.Errorf("shard %d: %d index slots for %d record positions: the index was not rebuilt", i, len(sh.slots), len(sh.recs))
 		}
 	}
 	// A shard is left alone while it has fewer than compactMin free
@@ -87,4 +96,55 @@ func TestMemoryCompacts(t *testing.T) {
 		}
 	}
 	t.Logf("record positions: %d at the peak, %d for %d live records", peak, total, live)
+}
+
+// TestShardIndexChurn drives one shard's index against a Go map, with
+// hashes chosen to collide (a handful of distinct values, so probes run
+// through long chains of equal tags and deleted slots), through adds,
+// removes, reindexing and compaction.
+func TestShardIndexChurn(t *testing.T) {
+	sh := &memShard{}
+	model := map[string]uint64{}
+	hashOf := func(i int) uint64 { return uint64(i%5) * 0x9e3779b97f4a7c15 }
+	rng := uint64(1)
+	next := func(n int) int {
+		rng ^= rng << 13
+		rng ^= rng >> 7
+		rng ^= rng << 17
+		return int(rng % uint64(n))
+	}
+	for step := range 200_000 {
+		i := next(3000)
+		key := fmt.Sprintf("k%d", i)
+		h := hashOf(i)
+		rec := sh.get(h, key)
+		_, inModel := model[key]
+		if (rec != nil) != inModel {
+			t.Fatalf("step %d: get(%s) found %v, model has it: %v", step, key, rec != nil, inModel)
+		}
+		if rec != nil {
+			if rec.key != key || rec.token != model[key] {
+				t.Fatalf("step %d: get(%s) returned the record of %s (token %d, want %d)", step, key, rec.key, rec.token, model[key])
+			}
+			sh.remove(rec)
+			delete(model, key)
+			continue
+		}
+		tok := uint64(step + 1)
+		sh.add(h, key, memRecord{state: memProcessing, token: tok})
+		model[key] = tok
+	}
+	for key, tok := range model {
+		var i int
+		fmt.Sscanf(key, "k%d", &i)
+		if rec := sh.get(hashOf(i), key); rec == nil || rec.token != tok {
+			t.Fatalf("end: %s lost", key)
+		}
+	}
+	if live := len(sh.recs) - len(sh.free); live != len(model) {
+		t.Fatalf("%d live positions, model has %d", live, len(model))
+	}
+	if sh.used*4 > len(sh.slots)*3 {
+		t.Fatalf("index over three quarters full: %d of %d slots", sh.used, len(sh.slots))
+	}
 }
