@@ -15,7 +15,16 @@ package redisstore
 // Every script takes the time as two arguments, seconds and nanoseconds;
 // an empty seconds argument means "use the server's TIME" (ServerClock).
 const luaPrelude = `
-local function ts(s, n) return string.format('%011d%09d', s, n) end
+local T = redis.call('TIME')
+local function clock(a, b)
+  if a == '' then return tonumber(T[1]), tonumber(T[2]) * 1000, true end
+  return tonumber(a), tonumber(b), false
+end
+` + luaFuncs
+
+// luaFuncs are the prelude's functions. nexttok reads the server's time
+// from a local T that the script declares before them.
+const luaFuncs = `local function ts(s, n) return string.format('%011d%09d', s, n) end
 local function add(s, n, ds, dn)
   s = s + ds
   n = n + dn
@@ -23,11 +32,6 @@ local function add(s, n, ds, dn)
   return s, n
 end
 local function split(t) return tonumber(string.sub(t, 1, 11)), tonumber(string.sub(t, 12)) end
-local T = redis.call('TIME')
-local function clock(a, b)
-  if a == '' then return tonumber(T[1]), tonumber(T[2]) * 1000, true end
-  return tonumber(a), tonumber(b), false
-end
 -- Tokens: larger than the previous one and than the server's time in
 -- microseconds, so a key that vanished (expired) still gets a larger one.
 local function nexttok(prev)
@@ -57,16 +61,31 @@ end
 // ARGV: fingerprint, now s, now ns, lease s, lease ns, retention s, retention ns.
 // Reply: {code, fingerprint, state, token, lease end, window end, status,
 // header, body}; code 1 claimed, 0 existing record, 2 conflict.
-var beginScript = newScript(luaPrelude+`
+//
+// The answers that write nothing (replay, conflict, in flight: a replay is
+// the common one) come first, before the functions are made and with one
+// clock reading; a claim then reads the server's time for its token.
+var beginScript = newScript(`
 local k, fp = KEYS[1], ARGV[1]
-local ns, nn, server = clock(ARGV[2], ARGV[3])
-local now = ts(ns, nn)
-local lu = ts(add(ns, nn, tonumber(ARGV[4]), tonumber(ARGV[5])))
 local r = redis.call('HMGET', k, 'f', 's', 't', 'l', 'e', 'c', 'h', 'b')
-if r[2] and now < r[5] then
+local T, ns, nn, server
+if ARGV[2] == '' then
+  T = redis.call('TIME')
+  ns, nn, server = tonumber(T[1]), tonumber(T[2]) * 1000, true
+else
+  ns, nn, server = tonumber(ARGV[2]), tonumber(ARGV[3]), false
+end
+local now = string.format('%011d%09d', ns, nn)
+local live = r[2] and now < r[5]
+if live then
   if r[1] ~= fp then return {2, r[1], '', '', '', r[5]} end
   if r[2] == 'D' then return {0, r[1], 'D', r[3], '', r[5], r[6], r[7], r[8]} end
   if now < r[4] then return {0, r[1], 'P', r[3], r[4], r[5]} end
+end
+if not T then T = redis.call('TIME') end
+`+luaFuncs+`
+local lu = ts(add(ns, nn, tonumber(ARGV[4]), tonumber(ARGV[5])))
+if live then
   local t = nexttok(r[3])
   local ex = r[5]
   if ex < lu then ex = lu end
