@@ -27,7 +27,7 @@ type fakeMsg struct {
 
 func (m *fakeMsg) Headers() nats.Header { return m.hdr }
 func (m *fakeMsg) Metadata() (*jetstream.MsgMetadata, error) {
-	return &jetstream.MsgMetadata{Stream: "S", Sequence: jetstream.SequencePair{Stream: m.seq}}, nil
+	return &jetstream.MsgMetadata{Stream: "S", Sequence: jetstream.SequencePair{Stream: m.seq}, Timestamp: time.Unix(1767225600, 0)}, nil
 }
 func (m *fakeMsg) answer(a string) error {
 	m.mu.Lock()
@@ -89,13 +89,14 @@ func TestHandleAnswers(t *testing.T) {
 	if d, err := h.Handle(ctx, m); err != nil || d.Outcome != idempotency.Replayed || m.got()[0] != "ack" {
 		t.Errorf("duplicate: %+v %v %v; want dropped and acked", d, err, m.got())
 	}
-	// Without the header, the stream sequence names the message.
+	// Without the header, the stream sequence and the time the message was
+	// stored name it.
 	m = withID("")
 	if _, err := h.Handle(ctx, m); err != nil || m.got()[0] != "ack" {
 		t.Fatal(err, m.got())
 	}
-	if _, err := store.Get(ctx, "S/7", time.Now()); err != nil {
-		t.Errorf("fallback id S/7 not in the window: %v", err)
+	if _, err := store.Get(ctx, "S/7/1767225600000000000", time.Now()); err != nil {
+		t.Errorf("fallback id S/7/1767225600000000000 not in the window: %v", err)
 	}
 	// A custom id that is empty: the message is terminated.
 	h2, _ := natsdedup.New(w, func(context.Context, jetstream.Msg) error { return nil },

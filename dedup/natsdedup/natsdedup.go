@@ -5,17 +5,34 @@
 // The message id is the Nats-Msg-Id header, the id JetStream's own
 // publish-side duplicate window uses, so one id names a logical message from
 // the producer to the consumer. A message without the header falls back to
-// "<stream>/<stream sequence>": that deduplicates redeliveries of one stored
-// message (AckWait expiry, Nak, a consumer that died before acking, a lost
-// ack), but not two stored copies of one logical message, which only a
-// producer-chosen id can name. Options.MsgID can take the id from elsewhere
-// (a business key in the payload or another header).
+// "<stream>/<stream sequence>/<stored at, Unix ns>": that deduplicates
+// redeliveries of one stored message (AckWait expiry, Nak, a consumer that
+// died before acking, a lost ack), but not two stored copies of one logical
+// message, which only a producer-chosen id can name. The time the message
+// was stored is part of it because a sequence alone names a stored message
+// only within one life of one stream: a stream deleted and created again
+// starts from 1, and another cluster or account may have a stream of the
+// same name, and a window that outlives the stream (a shared store) would
+// ack their messages unprocessed. Options.MsgID can take the id from
+// elsewhere (a business key in the payload or another header).
 //
 // While fn runs longer than half the consumer's AckWait, the handler sends
 // InProgress every AckWait/2 so that JetStream does not redeliver a message
 // that is still being worked on. The window's own lease protects the
 // message too when a redelivery happens anyway: the duplicate is Nak'ed
 // with the time left on the lease.
+//
+// Requirements and limits:
+//   - The consumer must use AckExplicit. With AckAll, the Ack of a later
+//     message also acknowledges an earlier one that was Nak'ed as in flight
+//     (it is then never redelivered); with AckNone, Nak does nothing.
+//   - Options.AckWait must be the consumer's AckWait (or shorter): the
+//     heartbeat is paced by it. A redelivery that comes anyway is Nak'ed as
+//     in flight, but counts against the consumer's MaxDeliver.
+//   - A panic in fn releases the key and sends nothing to the broker (the
+//     message is redelivered after AckWait), then goes on up: a message
+//     that always panics crashes each consumer that receives it; recover
+//     in fn if that is not what you want.
 //
 // JetStream's publish-side duplicate window and the consumer-side window
 // are compared in the dedup package documentation.
@@ -40,7 +57,8 @@ const DefaultAckWait = 30 * time.Second
 // Options configure New; nil means all defaults.
 type Options struct {
 	// MsgID returns a message's id ("": none, the message is terminated).
-	// nil: the Nats-Msg-Id header, else "<stream>/<stream sequence>".
+	// nil: the Nats-Msg-Id header, else "<stream>/<stream sequence>/<stored
+	// at, Unix ns>".
 	MsgID func(msg jetstream.Msg) string
 	// AckWait is the consumer's AckWait (0: DefaultAckWait). It sets the
 	// default Heartbeat.
@@ -150,7 +168,10 @@ func (h *Handler) msgID(msg jetstream.Msg) string {
 	if err != nil {
 		return "" // not a JetStream message: terminated by the window
 	}
-	return md.Stream + "/" + strconv.FormatUint(md.Sequence.Stream, 10)
+	// The sequence alone is reused by a stream created again under the same
+	// name; the time the message was stored is not, and every delivery of
+	// one stored message carries the same.
+	return md.Stream + "/" + strconv.FormatUint(md.Sequence.Stream, 10) + "/" + strconv.FormatInt(md.Timestamp.UnixNano(), 10)
 }
 
 // heartbeat sends InProgress every interval until the returned stop is
