@@ -45,7 +45,10 @@ const (
 //     than Lease; Lease bounds how long a crashed holder blocks the key.
 //   - Retention (0: DefaultRetention) is the dedup window: how long a
 //     stored result is replayed. It must be at least Lease.
-//   - Now (nil: time.Now) is the clock handed to the Store.
+//   - Now (nil: time.Now) is the clock handed to the Store. With nil, a
+//     MemoryStore Begin that answers without writing (a replay, a conflict,
+//     in flight) is judged by a cheaper reading of the same clock (see
+//     localClock); whatever is written is judged by time.Now.
 //   - RenewEvery (0: Lease/3) is the renewal interval; negative disables
 //     renewal (the seed's behaviour).
 //   - OnRenew (nil: none) is called after every renewal attempt, with its
@@ -122,20 +125,22 @@ func (g *Guard) now() time.Time {
 	if g.Now != nil {
 		return g.Now()
 	}
-	a, d := localClock()
-	return a.t.Add(d)
+	return time.Now()
 }
 
-// localClock reads time.Now for a Guard whose Now is nil: the reading is
+// localClock reads time.Now cheaply for a Guard whose Now is nil, to answer
+// a MemoryStore Begin that writes nothing (see beginResult): the reading is
 // a.t.Add(d), or a.unix+d in Unix nanoseconds. It is read through the
 // monotonic clock from an anchor that time.Now renews every anchorFor:
 // time.Since reads one clock where time.Now reads two, which is a good part
 // of a replay's cost. The reading drifts from time.Now by no more than the
 // wall clock is slewed in anchorFor; after a suspend, during which the
-// monotonic clock stops, it runs late for at most anchorFor of waking time
-// (late is the safe side: a lease looks longer, a window shorter). Inside a
-// testing/synctest bubble time.Since is computed from the bubble's time.Now,
-// so the reading is exactly that.
+// monotonic clock stops, it runs late for at most anchorFor of waking time.
+// Late is the safe side only for reading: a lease looks longer, a window
+// too. Written, it would be the unsafe side (a claim whose lease is already
+// over by everyone else's clock, a result whose window ends early), so
+// writes read time.Now. Inside a testing/synctest bubble time.Since is
+// computed from the bubble's time.Now, so the reading is exactly that.
 func localClock() (a *clockAnchor, d time.Duration) {
 	if a = anchor.Load(); a != nil {
 		if d = time.Since(a.t); d >= 0 && d < anchorFor {
@@ -216,27 +221,24 @@ func (g *Guard) run(ctx context.Context, key, fingerprint string, fn func(contex
 		// The same answer as below, without a Record in between, and
 		// without a time.Time unless fn runs.
 		var (
-			now time.Time
-			n   int64
-			a   *clockAnchor
-			d   time.Duration
+			now   time.Time
+			n     int64
+			local *time.Time // where a Begin that writes reads time.Now
 		)
 		if g.Now != nil {
 			now = g.Now()
 			n = now.UnixNano()
 		} else {
-			a, d = localClock()
+			a, d := localClock()
 			n = a.unix + int64(d)
+			local = &now
 		}
-		claimed, err := ms.beginResult(ctx, key, fingerprint, n, cfg.lease, cfg.retention, res)
+		claimed, err := ms.beginResult(ctx, key, fingerprint, n, local, cfg.lease, cfg.retention, res)
 		switch {
 		case err != nil:
 			*res = Result{Outcome: Unavailable}
 			return unavailable("begin", err)
 		case claimed:
-			if a != nil {
-				now = a.t.Add(d)
-			}
 			return g.execute(ctx, cfg, key, res.Token, now, fn, res)
 		case res.Outcome == Conflicted:
 			return ErrConflict

@@ -269,6 +269,12 @@ func (r *memRecord) record(withResponse bool) Record {
 	return rec
 }
 
+// answers reports whether Begin at n answers from r without writing: r is
+// live, and its key is not for this fingerprint, or done, or leased.
+func (r *memRecord) answers(fingerprint string, n int64) bool {
+	return n < r.expiresAt && (r.fp != fingerprint || r.state == memDone || n < r.leaseUntil)
+}
+
 func unixTime(ns int64) time.Time {
 	if ns == 0 {
 		return time.Time{}
@@ -453,7 +459,7 @@ func (s *MemoryStore) Begin(ctx context.Context, key, fingerprint string, now ti
 	sh, h := s.shard(key)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
-	rec, claimed, err := s.claim(sh, h, key, fingerprint, now.UnixNano(), lease, retention)
+	rec, claimed, err := s.claim(sh, h, key, fingerprint, now.UnixNano(), nil, lease, retention)
 	switch {
 	case err != nil:
 		return Record{}, false, err
@@ -467,17 +473,20 @@ func (s *MemoryStore) Begin(ctx context.Context, key, fingerprint string, now ti
 }
 
 // beginResult is Begin for the Guard, at now in Unix nanoseconds: it
-// answers straight into res, which is zero, without building a Record, and copies a replayed response after
-// unlocking (stored bytes are never written again: see keepBody). The
-// answer is Begin's in every case; claimed is Begin's second result, and
-// res.Outcome is set only when it is false.
-func (s *MemoryStore) beginResult(ctx context.Context, key, fingerprint string, now int64, lease, retention time.Duration, res *Result) (claimed bool, err error) {
+// answers straight into res, which is zero, without building a Record, and
+// copies a replayed response after unlocking (stored bytes are never
+// written again: see keepBody). The answer is Begin's in every case; claimed
+// is Begin's second result, and res.Outcome is set only when it is false.
+// When local is not nil, now is the local clock's reading, which may run
+// late (see localClock): a Begin that writes reads time.Now into *local and
+// decides by it instead.
+func (s *MemoryStore) beginResult(ctx context.Context, key, fingerprint string, now int64, local *time.Time, lease, retention time.Duration, res *Result) (claimed bool, err error) {
 	if err := s.fault(ctx, "begin"); err != nil {
 		return false, err
 	}
 	sh, h := s.shard(key)
 	sh.mu.Lock()
-	rec, claimed, err := s.claim(sh, h, key, fingerprint, now, lease, retention)
+	rec, claimed, err := s.claim(sh, h, key, fingerprint, now, local, lease, retention)
 	var body, hdr []byte
 	switch {
 	case err != nil:
@@ -506,11 +515,19 @@ func (s *MemoryStore) beginResult(ctx context.Context, key, fingerprint string, 
 // returns key's record as it stands after the call, to be read in place
 // while sh stays locked, and whether this call claimed it. An answer that is
 // not a claim is a conflict when the record's fingerprint differs, a replay
-// when it is done, and in flight otherwise.
-func (s *MemoryStore) claim(sh *memShard, h uint64, key, fingerprint string, n int64, lease, retention time.Duration) (rec *memRecord, claimed bool, err error) {
+// when it is done, and in flight otherwise. When local is not nil, n may run
+// late, and is used only for an answer that writes nothing: otherwise
+// time.Now is read into *local and the decision made at it.
+func (s *MemoryStore) claim(sh *memShard, h uint64, key, fingerprint string, n int64, local *time.Time, lease, retention time.Duration) (rec *memRecord, claimed bool, err error) {
 	rec = sh.get(h, key)
-	if rec != nil && n < rec.expiresAt && (rec.fp != fingerprint || rec.state == memDone || n < rec.leaseUntil) {
+	if rec != nil && rec.answers(fingerprint, n) {
 		return rec, false, nil // an answer that writes nothing sweeps nothing
+	}
+	if local != nil {
+		*local = time.Now()
+		if n = local.UnixNano(); rec != nil && rec.answers(fingerprint, n) {
+			return rec, false, nil
+		}
 	}
 	if s.sweep(sh, n, sweepPerWrite) {
 		rec = sh.get(h, key) // the sweep may have removed it, or moved it (compact)
@@ -531,7 +548,7 @@ func (s *MemoryStore) claim(sh *memShard, h uint64, key, fingerprint string, n i
 		sh.exp.push(expiry{at: fresh.expiresAt, key: key})
 		return rec, true, nil
 	}
-	if rec.fp != fingerprint || rec.state == memDone || n < rec.leaseUntil {
+	if rec.answers(fingerprint, n) {
 		return rec, false, nil
 	}
 	rec.token = s.tokens.Add(1)
