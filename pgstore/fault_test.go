@@ -13,9 +13,9 @@ import (
 
 	toxiproxy "github.com/Shopify/toxiproxy/v2"
 	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/rs/zerolog"
 
 	"github.com/archlab/idempotency"
+	"github.com/archlab/idempotency/internal/testenv"
 )
 
 // faultGuard is a Guard on s with a test clock and no renewal, so that the
@@ -124,31 +124,7 @@ func TestCompleteAppliedButAckLost(t *testing.T) {
 	direct := testPool(t, 4, nil)
 	schema := freshSchema(t, direct)
 
-	cfg := direct.Config()
-	upstream := net.JoinHostPort(cfg.ConnConfig.Host, strconv.Itoa(int(cfg.ConnConfig.Port)))
-	server := toxiproxy.NewServer(toxiproxy.NewMetricsContainer(nil), zerolog.Nop())
-	proxy := toxiproxy.NewProxy(server, "pg", "127.0.0.1:0", upstream)
-	if err := proxy.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(proxy.Stop)
-
-	pcfg := direct.Config()
-	host, port, err := net.SplitHostPort(proxy.Listen)
-	if err != nil {
-		t.Fatal(err)
-	}
-	p, err := strconv.ParseUint(port, 10, 16)
-	if err != nil {
-		t.Fatal(err)
-	}
-	pcfg.ConnConfig.Host, pcfg.ConnConfig.Port = host, uint16(p)
-	pcfg.MaxConns = 1 // Begin and Complete share the one proxied connection
-	proxied, err := pgxpool.NewWithConfig(context.Background(), pcfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(proxied.Close)
+	proxy, proxied := proxiedPool(t, direct, 1) // Begin and Complete share the one proxied connection
 	s := migratedStore(t, direct, schema, Options{Table: "acklost"})
 	ps, err := New(proxied, &Options{Schema: schema, Table: "acklost"})
 	if err != nil {
@@ -210,30 +186,7 @@ func TestBlackHoledServerFailsClosed(t *testing.T) {
 	schema := freshSchema(t, direct)
 	migratedStore(t, direct, schema, Options{Table: "blackhole"})
 
-	cfg := direct.Config()
-	upstream := net.JoinHostPort(cfg.ConnConfig.Host, strconv.Itoa(int(cfg.ConnConfig.Port)))
-	server := toxiproxy.NewServer(toxiproxy.NewMetricsContainer(nil), zerolog.Nop())
-	proxy := toxiproxy.NewProxy(server, "pg", "127.0.0.1:0", upstream)
-	if err := proxy.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(proxy.Stop)
-	host, port, err := net.SplitHostPort(proxy.Listen)
-	if err != nil {
-		t.Fatal(err)
-	}
-	p, err := strconv.ParseUint(port, 10, 16)
-	if err != nil {
-		t.Fatal(err)
-	}
-	pcfg := direct.Config()
-	pcfg.ConnConfig.Host, pcfg.ConnConfig.Port = host, uint16(p)
-	pcfg.MaxConns = 2
-	proxied, err := pgxpool.NewWithConfig(context.Background(), pcfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(proxied.Close)
+	proxy, proxied := proxiedPool(t, direct, 2)
 	// Stopping the proxy closes its connections, so that a call still
 	// stuck in the black hole (the test failed) lets the pool close.
 	t.Cleanup(proxy.Stop)
@@ -295,4 +248,28 @@ func TestBlackHoledServerFailsClosed(t *testing.T) {
 	bounded("Get", func() error { _, err := s.Get(ctx, "begin", time.Now()); return err })
 	bounded("Delete", func() error { return s.Delete(ctx, "begin") })
 	heal()
+}
+
+// proxiedPool returns a toxiproxy in front of direct's server and a pool of
+// at most maxConns connections through it, closed when t ends.
+func proxiedPool(t *testing.T, direct *pgxpool.Pool, maxConns int32) (*toxiproxy.Proxy, *pgxpool.Pool) {
+	t.Helper()
+	cfg := direct.Config()
+	proxy := testenv.Toxiproxy(t, "pg", net.JoinHostPort(cfg.ConnConfig.Host, strconv.Itoa(int(cfg.ConnConfig.Port))))
+	host, port, err := net.SplitHostPort(proxy.Listen)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := strconv.ParseUint(port, 10, 16)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.ConnConfig.Host, cfg.ConnConfig.Port = host, uint16(p)
+	cfg.MaxConns = maxConns
+	proxied, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(proxied.Close)
+	return proxy, proxied
 }

@@ -15,11 +15,10 @@ import (
 	"testing"
 	"time"
 
-	toxiproxy "github.com/Shopify/toxiproxy/v2"
 	"github.com/redis/go-redis/v9"
-	"github.com/rs/zerolog"
 
 	"github.com/archlab/idempotency"
+	"github.com/archlab/idempotency/internal/testenv"
 )
 
 // slowStore is a store on a private server whose replies are held back by
@@ -28,17 +27,9 @@ import (
 func slowStore(t *testing.T, latency time.Duration, o Options) *Store {
 	t.Helper()
 	ps := startPrivateServer(t)
-	api := toxiproxy.NewServer(toxiproxy.NewMetricsContainer(nil), zerolog.Nop())
-	proxy := toxiproxy.NewProxy(api, "redis", "127.0.0.1:0", ps.addr())
-	if err := proxy.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(proxy.Stop)
-	toxic := `{"name":"slow","type":"latency","stream":"downstream","attributes":{"latency":` +
-		strconv.FormatInt(latency.Milliseconds(), 10) + `}}`
-	if _, err := proxy.Toxics.AddToxicJson(strings.NewReader(toxic)); err != nil {
-		t.Fatal(err)
-	}
+	proxy := testenv.Toxiproxy(t, "redis", ps.addr())
+	testenv.AddToxic(t, proxy, `{"name":"slow","type":"latency","stream":"downstream","attributes":{"latency":`+
+		strconv.FormatInt(latency.Milliseconds(), 10)+`}}`)
 	c := newClient(t, &redis.Options{Addr: proxy.Listen, PoolSize: 8})
 	if o.OpTimeout == 0 {
 		o.OpTimeout = 10 * latency
@@ -54,7 +45,7 @@ func slowStore(t *testing.T, latency time.Duration, o Options) *Store {
 	}
 	s := newStore(t, c, o)
 	// Cleanups run last first: the keys are deleted at full speed.
-	t.Cleanup(func() { _ = proxy.Toxics.RemoveToxic(context.Background(), "slow") })
+	t.Cleanup(func() { testenv.RemoveToxic(proxy, "slow") })
 	return s
 }
 
@@ -430,16 +421,8 @@ func (c *batchLoser) Read(p []byte) (int, error) {
 // false answer) and none is sent again, though the client retries.
 func TestBatchLostReplyNotResent(t *testing.T) {
 	ps := startPrivateServer(t)
-	api := toxiproxy.NewServer(toxiproxy.NewMetricsContainer(nil), zerolog.Nop())
-	proxy := toxiproxy.NewProxy(api, "redis", "127.0.0.1:0", ps.addr())
-	if err := proxy.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(proxy.Stop)
-	toxic := `{"name":"slow","type":"latency","stream":"downstream","attributes":{"latency":200}}`
-	if _, err := proxy.Toxics.AddToxicJson(strings.NewReader(toxic)); err != nil {
-		t.Fatal(err)
-	}
+	proxy := testenv.Toxiproxy(t, "redis", ps.addr())
+	testenv.AddToxic(t, proxy, `{"name":"slow","type":"latency","stream":"downstream","attributes":{"latency":200}}`)
 	var lost atomic.Int32
 	dial := func(ctx context.Context, network, addr string) (net.Conn, error) {
 		var d net.Dialer

@@ -12,11 +12,10 @@ import (
 	"testing"
 	"time"
 
-	toxiproxy "github.com/Shopify/toxiproxy/v2"
 	"github.com/redis/go-redis/v9"
-	"github.com/rs/zerolog"
 
 	"github.com/archlab/idempotency"
+	"github.com/archlab/idempotency/internal/testenv"
 )
 
 // hangGuard bounds a call that must not hang: it fails the test if f does
@@ -216,12 +215,7 @@ func TestKillRestartAOF(t *testing.T) {
 // lost left a result or a claim.
 func TestToxiproxy(t *testing.T) {
 	ps := startPrivateServer(t)
-	api := toxiproxy.NewServer(toxiproxy.NewMetricsContainer(nil), zerolog.Nop())
-	proxy := toxiproxy.NewProxy(api, "redis", "127.0.0.1:0", ps.addr())
-	if err := proxy.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(proxy.Stop)
+	proxy := testenv.Toxiproxy(t, "redis", ps.addr())
 
 	c := newClient(t, &redis.Options{Addr: proxy.Listen, PoolSize: 16, DialTimeout: 200 * time.Millisecond})
 	s := newStore(t, c, Options{OpTimeout: 150 * time.Millisecond})
