@@ -10,21 +10,40 @@
 // "idempotency-key" or, in the style of AIP-155's request_id field, from the
 // request message through Options.KeyFunc. Keys are 1 to 255 visible ASCII
 // characters. A call without a key runs unguarded unless Options.Required is
-// set, in which case it fails with InvalidArgument.
+// set, in which case it fails with InvalidArgument. With Options.Methods nil
+// that is every unary method, health checks (grpc.health.v1.Health/Check)
+// included: name the guarded methods when keys are required.
+//
+// Only unary methods are guarded: there is no stream interceptor, and a
+// streaming call runs as it is, with or without a key.
+//
+// Keys are namespaced by Options.Scope, by default the caller's
+// "authorization" metadata (DefaultScope), so that one caller's stored
+// response is never replayed to another. Put authentication before this
+// interceptor in the chain: a replay, an in-flight or a conflict answer
+// does not reach what comes after it.
 //
 // The fingerprint is the SHA-256 of the full method name and the
 // deterministic protobuf encoding of the request
 // (proto.MarshalOptions{Deterministic: true}). Deterministic encoding is
-// stable within one binary; two binaries built with different protobuf
-// versions may encode maps or unknown fields differently, so a retry that
-// reaches a server running another build may see a conflict for the same
-// request. Keep the window short across upgrades, or use KeyFunc with
-// requests whose encoding is canonical (no maps).
+// stable within one binary for the fields this server knows; two binaries
+// built with different protobuf versions may encode maps differently, so a
+// retry that reaches a server running another build may see a conflict for
+// the same request. Bytes the server does not decode are hashed as the
+// client sent them: unknown fields (from a client built with a newer
+// schema) and the value of an Any. Go's default marshaling orders map
+// entries at random, so such a client's retry, even of the same request
+// message, may get FailedPrecondition. Keep the window short across
+// upgrades, or use KeyFunc with requests whose encoding is canonical (no
+// maps).
 //
 // # What is stored and replayed
 //
 // The response message (its wire encoding and its full type name), the
-// header metadata the handler set with grpc.SetHeader or grpc.SendHeader,
+// header metadata the handler set with grpc.SetHeader or grpc.SendHeader
+// (captured by wrapping the handler's ServerTransportStream, so that
+// grpc.SetSendCompressor and grpc.ClientSupportedCompressors, which need
+// gRPC's own stream, fail in a guarded handler),
 // and, when Options.StoreErrors is set, the status of a failed call. A
 // replay sends the stored header metadata plus "idempotency-replayed: true"
 // and a response decoded into a new message of the stored type (looked up in
@@ -47,12 +66,19 @@
 //     same call gives the same answer until the key leaves the window.
 //   - The store cannot be reached: Unavailable, and the handler does not run
 //     (the Guard fails closed). Unavailable is retryable by gRPC's retry
-//     policy, and the retry carries the same key.
+//     policy, and the retry carries the same key. Its message is fixed: the
+//     store's error, which may name internal hosts, goes to
+//     Options.OnStoreError only.
 //   - A key is required but missing or malformed: InvalidArgument.
 //   - The caller's context ended before the key could be claimed:
 //     Canceled or DeadlineExceeded.
 //   - The handler ran but its lease was taken over before its result was
-//     stored (ErrLeaseLost): its response is sent, and not stored.
+//     stored (ErrLeaseLost): its response is sent, and not stored. A
+//     handler that stopped because the Guard ended its context (the claim
+//     was taken over, or could not be renewed) and returned that context's
+//     error is answered Aborted (taken over) or Unavailable (not renewed),
+//     not Canceled: the caller did not cancel, and should retry with the
+//     same key.
 //   - The handler ran but its result could not be stored: its response is
 //     sent; a retry after the lease may run the handler again (fence the
 //     side effect downstream with idempotency.TokenFrom).
@@ -66,7 +92,10 @@
 // lease ends, as after a crash: the handler may have had side effects, and a
 // retry inside the lease is answered Aborted. With Options.StoreErrors,
 // those other errors are stored instead and replayed, code, message and
-// details, to every retry inside the window, like a response.
+// details, to every retry inside the window, like a response. A handler
+// that panics releases the key and the panic goes on (gRPC does not recover
+// it; a recovery interceptor placed before this one answers, and the retry
+// runs the handler again).
 //
 // # Client
 //
@@ -76,5 +105,9 @@
 // that context for every attempt. gRPC's own retry policy (service config
 // retryPolicy) and transparent retries run below the interceptors: the
 // interceptor runs once per logical call, and every attempt resends the same
-// metadata, hence the same key.
+// metadata, hence the same key. Hedged attempts (a hedgingPolicy, which
+// clients in other languages implement) run at the same time with the same
+// key: all but the first are answered Aborted while it runs, so list
+// ABORTED in the policy's nonFatalStatusCodes, or the first such answer
+// ends the call.
 package idemgrpc

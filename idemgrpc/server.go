@@ -47,8 +47,9 @@ type Options struct {
 	// come from metadata only.
 	KeyFunc func(ctx context.Context, req any) string
 	// Scope returns a namespace for the caller (a tenant, an authenticated
-	// principal), so that two callers choosing the same key do not collide.
-	// nil: one namespace for everybody.
+	// principal), so that two callers choosing the same key do not collide
+	// and one caller's result is never replayed to another. nil:
+	// DefaultScope, the caller's "authorization" metadata.
 	Scope func(ctx context.Context) string
 	// Required rejects guarded calls without a key (InvalidArgument). When
 	// false (the default) they run unguarded.
@@ -68,6 +69,11 @@ type Options struct {
 	// (the client left, its deadline passed), not how the operation ended,
 	// which may still have had effects; the claim is kept.
 	StoreErrors bool
+	// OnStoreError (nil: none) is called with the store's error when a
+	// call is answered Unavailable because the store could not answer. The
+	// client gets a fixed message, never the error's text, which may name
+	// internal addresses; log it here.
+	OnStoreError func(ctx context.Context, fullMethod string, err error)
 }
 
 var defaultReleaseCodes = []codes.Code{codes.Unavailable, codes.ResourceExhausted, codes.Aborted}
@@ -131,21 +137,35 @@ func (s *server) intercept(ctx context.Context, req any, info *grpc.UnaryServerI
 	storeKey := key
 	if s.opts.Scope != nil {
 		storeKey = s.opts.Scope(ctx) + "\x00" + key
+	} else if scope := DefaultScope(ctx); scope != "" {
+		// Callers without credentials keep the bare key.
+		storeKey = scope + "\x00" + key
 	}
 
 	var reply any
 	var herr error
-	res, err := s.guard.Run(ctx, storeKey, fp, func(ctx context.Context) (idempotency.Response, error) {
-		cs := &captureStream{ServerTransportStream: grpc.ServerTransportStreamFromContext(ctx)}
+	var cut bool // the Guard, not the caller, ended the handler's context
+	res, err := s.guard.Run(ctx, storeKey, fp, func(cctx context.Context) (idempotency.Response, error) {
+		hctx := cctx
+		cs := &captureStream{ServerTransportStream: grpc.ServerTransportStreamFromContext(cctx)}
 		if cs.ServerTransportStream != nil {
-			ctx = grpc.NewContextWithServerTransportStream(ctx, cs)
+			hctx = grpc.NewContextWithServerTransportStream(cctx, cs)
 		}
-		reply, herr = handler(ctx, req)
+		reply, herr = handler(hctx, req)
+		cut = cctx.Err() != nil && ctx.Err() == nil
 		return s.encode(reply, herr, cs.header())
 	})
 	switch res.Outcome {
 	case idempotency.Executed:
 		// Sent whether or not the result could be stored: the handler ran.
+		if cut && statusOf(herr).Code() == codes.Canceled {
+			// The handler gave up because its claim went, not because the
+			// caller cancelled: Canceled would tell the caller it did.
+			if errors.Is(err, idempotency.ErrLeaseLost) {
+				return nil, status.Error(codes.Aborted, "idemgrpc: the claim on the idempotency key was taken over while the handler ran; retry with the same key")
+			}
+			return nil, status.Error(codes.Unavailable, "idemgrpc: the claim on the idempotency key could not be renewed while the handler ran; retry with the same key")
+		}
 		return reply, herr
 	case idempotency.Replayed:
 		return s.replay(ctx, method, res.Response)
@@ -162,7 +182,10 @@ func (s *server) intercept(ctx context.Context, req any, info *grpc.UnaryServerI
 		if cerr := ctx.Err(); cerr != nil {
 			return nil, status.FromContextError(cerr).Err()
 		}
-		return nil, status.Errorf(codes.Unavailable, "idemgrpc: %v", err)
+		if s.opts.OnStoreError != nil {
+			s.opts.OnStoreError(ctx, method, err)
+		}
+		return nil, status.Error(codes.Unavailable, "idemgrpc: the idempotency store is unavailable; retry with the same key later")
 	}
 }
 
@@ -212,17 +235,43 @@ func fingerprint(method string, req proto.Message) (string, error) {
 	return hex.EncodeToString(h.Sum(sum[:0])), nil
 }
 
+// DefaultScope namespaces keys by the caller's "authorization" metadata
+// (what gRPC's per-RPC credentials send), as a truncated SHA-256 so that no
+// credential reaches the store. Calls without it share the anonymous scope
+// "". A retry made after the caller's token was renewed is in another scope
+// and runs again; set Options.Scope to the authenticated principal (from an
+// auth interceptor's context value, or the mTLS peer) to avoid that, and
+// when callers are told apart otherwise.
+func DefaultScope(ctx context.Context) string {
+	auth := metadata.ValueFromIncomingContext(ctx, "authorization")
+	if len(auth) == 0 {
+		return ""
+	}
+	h := sha256.New()
+	for _, a := range auth {
+		h.Write([]byte(a))
+		h.Write([]byte{'\n'})
+	}
+	var sum [sha256.Size]byte
+	return "auth:" + hex.EncodeToString(h.Sum(sum[:0])[:16])
+}
+
+// statusOf is the status gRPC's server sends for a handler's error: an
+// error that is not a status but a context's error (ctx.Err(), maybe
+// wrapped) is Canceled or DeadlineExceeded, not Unknown.
+func statusOf(err error) *status.Status {
+	st, ok := status.FromError(err)
+	if !ok {
+		st = status.FromContextError(err)
+	}
+	return st
+}
+
 // encode turns a handler's answer into what the Guard stores, or into the
 // error that tells the Guard not to store it.
 func (s *server) encode(reply any, herr error, header metadata.MD) (idempotency.Response, error) {
 	if herr != nil {
-		// As gRPC's server does: an error that is not a status but a
-		// context's error (ctx.Err(), maybe wrapped) is Canceled or
-		// DeadlineExceeded, not Unknown.
-		st, ok := status.FromError(herr)
-		if !ok {
-			st = status.FromContextError(herr)
-		}
+		st := statusOf(herr)
 		if int(st.Code()) < len(s.release) && s.release[st.Code()] {
 			return idempotency.Response{}, idempotency.Retryable(herr)
 		}

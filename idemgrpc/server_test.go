@@ -6,11 +6,10 @@ import (
 	"fmt"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
-	"github.com/archlab/idempotency"
-	"github.com/archlab/idempotency/idemgrpc"
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
@@ -18,6 +17,9 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/structpb"
 	"google.golang.org/protobuf/types/known/wrapperspb"
+
+	"github.com/archlab/idempotency"
+	"github.com/archlab/idempotency/idemgrpc"
 )
 
 func TestReplayReturnsStoredResponseAndHeader(t *testing.T) {
@@ -196,19 +198,31 @@ func TestConflictIsFailedPrecondition(t *testing.T) {
 
 func TestStoreUnavailable(t *testing.T) {
 	var broken sync.Map // op -> bool
-	f := newFixture(t, fixtureOpts{setupStore: func(s *idempotency.MemoryStore) {
-		s.Fault = func(op string) error {
-			if _, ok := broken.Load(op); ok {
-				return errors.New("injected outage")
+	var reported atomic.Value
+	f := newFixture(t, fixtureOpts{
+		server: &idemgrpc.Options{OnStoreError: func(_ context.Context, method string, err error) {
+			reported.Store(method + ": " + err.Error())
+		}},
+		setupStore: func(s *idempotency.MemoryStore) {
+			s.Fault = func(op string) error {
+				if _, ok := broken.Load(op); ok {
+					return errors.New("injected outage at redis-7.internal:6379")
+				}
+				return nil
 			}
-			return nil
-		}
-	}})
+		}})
 	ctx := testCtx(t)
 	broken.Store("begin", true)
 	_, _, err := f.echo(ctx, "k-down", "v")
 	if status.Code(err) != codes.Unavailable {
 		t.Fatalf("store down: %v, want Unavailable", err)
+	}
+	// The store's error goes to the operator's hook, not to the client.
+	if strings.Contains(err.Error(), "redis-7.internal") {
+		t.Errorf("the client was told the store's error: %v", err)
+	}
+	if r, _ := reported.Load().(string); !strings.Contains(r, "redis-7.internal") || !strings.Contains(r, "/") {
+		t.Errorf("OnStoreError got %q, want the method and the store's error", r)
 	}
 	if n := f.svc.executions("v"); n != 0 {
 		t.Fatalf("handler ran %d times with the store down, want 0 (fail closed)", n)
