@@ -5,6 +5,9 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"log/slog"
+	"net"
+	"net/http"
 	"net/url"
 	"strings"
 	"time"
@@ -12,7 +15,9 @@ import (
 
 // config is the proxy's configuration, from flags, each of which may also
 // be set as IDEMPROXY_<NAME> in the environment (a flag on the command line
-// wins over the environment).
+// wins over the environment). A variable that is set counts even when it is
+// empty: IDEMPROXY_ADMIN= turns the admin server off, and IDEMPROXY_STORE=
+// is an error rather than the default store.
 type config struct {
 	listen      string
 	upstream    *url.URL
@@ -26,7 +31,7 @@ type config struct {
 	scopeHeader string
 	admin       string
 	logFormat   string
-	logLevel    string
+	logLevel    slog.Level
 	shutdown    time.Duration
 	// upstreamTimeout bounds one upstream exchange (0: none).
 	upstreamTimeout time.Duration
@@ -35,11 +40,26 @@ type config struct {
 // errUsage marks configuration errors: the command exits 2.
 var errUsage = errors.New("usage")
 
-func parseConfig(args []string, getenv func(string) string, stderr io.Writer) (*config, error) {
+// envName is the environment variable that sets the flag name.
+func envName(name string) string {
+	return "IDEMPROXY_" + strings.ToUpper(strings.ReplaceAll(name, "-", "_"))
+}
+
+func parseConfig(args []string, lookupEnv func(string) (string, bool), stderr io.Writer) (*config, error) {
 	c := &config{}
 	fs := flag.NewFlagSet("idemproxy", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	var upstream string
+	fs.Usage = func() {
+		fmt.Fprint(stderr, `usage: idemproxy -upstream URL [flags]
+       idemproxy get|delete|release -store URL [-scope S] KEY
+
+Every flag may also be set as IDEMPROXY_<NAME> (IDEMPROXY_STORE,
+IDEMPROXY_UPSTREAM_TIMEOUT, ...); a flag on the command line wins.
+
+`)
+		fs.PrintDefaults()
+	}
+	var upstream, logLevel string
 	fs.StringVar(&c.listen, "listen", "127.0.0.1:8080", "address to serve the proxied API on")
 	fs.StringVar(&upstream, "upstream", "", "URL of the service to protect (required), e.g. http://127.0.0.1:9000")
 	fs.StringVar(&c.store, "store", "bolt:idempotency.db", "store URL: memory, bolt:PATH, redis://..., rediss://..., redis+cluster://host:port,host:port, postgres://...")
@@ -52,52 +72,121 @@ func parseConfig(args []string, getenv func(string) string, stderr io.Writer) (*
 	fs.StringVar(&c.scopeHeader, "scope-header", "", "scope keys by this request header (e.g. a tenant id set by a trusted gateway) instead of the hashed Authorization header")
 	fs.StringVar(&c.admin, "admin", "127.0.0.1:9090", "admin address: /healthz, /readyz, /metrics, /keys/ (empty: off)")
 	fs.StringVar(&c.logFormat, "log-format", "text", "log format: text or json")
-	fs.StringVar(&c.logLevel, "log-level", "info", "log level: debug, info, warn, error")
+	fs.StringVar(&logLevel, "log-level", "info", "log level: debug, info, warn, error")
 	fs.DurationVar(&c.upstreamTimeout, "upstream-timeout", time.Minute, "longest wait for the upstream's response; past it: 504 and the claim is kept until its lease ends (0: no limit)")
 	fs.DurationVar(&c.shutdown, "shutdown-timeout", 30*time.Second, "on SIGTERM, how long in-flight requests may take to finish")
 
 	// The environment first, so that flags on the command line override it.
+	// fromEnv names each flag's variable while the environment's value
+	// stands, so that an error names what the operator wrote.
+	fromEnv := map[string]string{}
 	var envErr error
 	fs.VisitAll(func(f *flag.Flag) {
-		name := "IDEMPROXY_" + strings.ToUpper(strings.ReplaceAll(f.Name, "-", "_"))
-		if v := getenv(name); v != "" && envErr == nil {
-			if err := f.Value.Set(v); err != nil {
-				envErr = fmt.Errorf("%w: %s=%q: %v", errUsage, name, v, err)
-			}
+		name := envName(f.Name)
+		v, ok := lookupEnv(name)
+		if !ok || envErr != nil {
+			return
 		}
+		if err := f.Value.Set(v); err != nil {
+			envErr = fmt.Errorf("%w: %s=%q: %v", errUsage, name, v, err)
+			return
+		}
+		fromEnv[f.Name] = name
 	})
 	if envErr != nil {
 		return nil, envErr
 	}
 	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return nil, err
+		}
 		return nil, fmt.Errorf("%w: %v", errUsage, err)
+	}
+	fs.Visit(func(f *flag.Flag) { delete(fromEnv, f.Name) })
+	// bad reports a bad value of flag name, naming it as the operator set
+	// it: -name "value" or IDEMPROXY_NAME="value".
+	bad := func(name, format string, args ...any) error {
+		v := fs.Lookup(name).Value.String()
+		if name == "upstream" {
+			v = redactURL(v)
+		}
+		src := fmt.Sprintf("-%s %q", name, v)
+		if env, ok := fromEnv[name]; ok {
+			src = fmt.Sprintf("%s=%q", env, v)
+		}
+		return fmt.Errorf("%w: %s: "+format, append([]any{errUsage, src}, args...)...)
 	}
 	if fs.NArg() > 0 {
 		return nil, fmt.Errorf("%w: unexpected arguments %q", errUsage, fs.Args())
 	}
 	if upstream == "" {
+		if _, ok := fromEnv["upstream"]; ok {
+			return nil, bad("upstream", "is empty; the URL of the service to protect is required")
+		}
 		return nil, fmt.Errorf("%w: -upstream is required (or IDEMPROXY_UPSTREAM)", errUsage)
 	}
 	u, err := url.Parse(upstream)
-	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-		return nil, fmt.Errorf("%w: -upstream %q is not an http(s) URL", errUsage, upstream)
+	switch {
+	case err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "":
+		return nil, bad("upstream", "is not an http(s) URL")
+	case u.User != nil:
+		// ReverseProxy does not send a URL's user info: it would be
+		// dropped without a word.
+		return nil, bad("upstream", "has user info, which the proxy does not send upstream")
 	}
 	c.upstream = u
+	if err := c.logLevel.UnmarshalText([]byte(logLevel)); err != nil {
+		return nil, bad("log-level", "want debug, info, warn or error")
+	}
+	if c.store == "" {
+		return nil, bad("store", "is empty")
+	}
+	if err := checkHeaderName(c.scopeHeader); err != nil {
+		return nil, bad("scope-header", "%v", err)
+	}
+	if _, _, err := net.SplitHostPort(c.listen); err != nil {
+		return nil, bad("listen", "want host:port (%v)", err)
+	}
+	if c.admin != "" {
+		if _, _, err := net.SplitHostPort(c.admin); err != nil {
+			return nil, bad("admin", "want host:port, or empty for no admin server (%v)", err)
+		}
+	}
 	switch {
 	case c.lease <= 0:
-		return nil, fmt.Errorf("%w: -lease must be positive", errUsage)
+		return nil, bad("lease", "must be positive")
 	case c.retention < c.lease:
-		return nil, fmt.Errorf("%w: -retention must be at least -lease", errUsage)
+		return nil, bad("retention", "must be at least the lease, %v", c.lease)
 	case c.maxBody <= 0:
-		return nil, fmt.Errorf("%w: -max-body must be positive", errUsage)
+		return nil, bad("max-body", "must be positive")
 	case c.upstreamTimeout < 0:
-		return nil, fmt.Errorf("%w: -upstream-timeout must not be negative", errUsage)
+		return nil, bad("upstream-timeout", "must not be negative")
 	case c.shutdown < 0:
-		return nil, fmt.Errorf("%w: -shutdown-timeout must not be negative", errUsage)
+		return nil, bad("shutdown-timeout", "must not be negative")
 	case c.wait < 0:
-		return nil, fmt.Errorf("%w: -wait must not be negative", errUsage)
+		return nil, bad("wait", "must not be negative")
 	case c.logFormat != "text" && c.logFormat != "json":
-		return nil, fmt.Errorf("%w: -log-format must be text or json", errUsage)
+		return nil, bad("log-format", "want text or json")
 	}
 	return c, nil
+}
+
+// checkHeaderName rejects a -scope-header that no request can carry (every
+// request would share one scope) or that holds a credential (it would be
+// written into the store's keys in clear). "" is the default scope.
+func checkHeaderName(name string) error {
+	if name == "" {
+		return nil
+	}
+	for _, r := range name {
+		if r >= 0x80 || !strings.ContainsRune("!#$%&'*+-.^_`|~", r) &&
+			!('0' <= r && r <= '9' || 'a' <= r && r <= 'z' || 'A' <= r && r <= 'Z') {
+			return fmt.Errorf("%q is not a header name (letters, digits and !#$%%&'*+-.^_`|~ only)", r)
+		}
+	}
+	switch http.CanonicalHeaderKey(name) {
+	case "Authorization", "Proxy-Authorization", "Cookie":
+		return errors.New("holds credentials, which would be stored in clear in the keys; leave -scope-header empty to scope by the hashed Authorization header")
+	}
+	return nil
 }

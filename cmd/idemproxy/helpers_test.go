@@ -77,6 +77,17 @@ func waitListening(t *testing.T, logs func() string, exited <-chan struct{}) (pr
 	return "", ""
 }
 
+// noEnv is an empty environment for run.
+func noEnv(string) (string, bool) { return "", false }
+
+// envOf is the environment vars for run: a name is set only if vars has it.
+func envOf(vars map[string]string) func(string) (string, bool) {
+	return func(name string) (string, bool) {
+		v, ok := vars[name]
+		return v, ok
+	}
+}
+
 // inproc is a proxy running run() in this process.
 type inproc struct {
 	proxy, admin string
@@ -95,7 +106,7 @@ func startInproc(t *testing.T, args ...string) *inproc {
 	args = append([]string{"-listen", "127.0.0.1:0", "-admin", "127.0.0.1:0", "-shutdown-timeout", "10s"}, args...)
 	go func() {
 		defer close(done)
-		runErr = run(ctx, args, io.Discard, logs, func(string) string { return "" })
+		runErr = run(ctx, args, io.Discard, logs, noEnv)
 	}()
 	p := &inproc{logs: logs}
 	var once sync.Once

@@ -56,6 +56,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/url"
 	"os"
 	"os/signal"
 	"strings"
@@ -69,8 +70,11 @@ import (
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	err := run(ctx, os.Args[1:], os.Stdout, os.Stderr, os.Getenv)
+	err := run(ctx, os.Args[1:], os.Stdout, os.Stderr, os.LookupEnv)
 	stop()
+	if errors.Is(err, flag.ErrHelp) {
+		return // -h: the usage is printed
+	}
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "idemproxy:", err)
 		if errors.Is(err, errUsage) {
@@ -81,15 +85,16 @@ func main() {
 }
 
 // run is the whole command; it returns when ctx is done (SIGTERM) and the
-// proxy has drained, or at once for an operator command.
-func run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv func(string) string) error {
+// proxy has drained, or at once for an operator command. lookupEnv is
+// os.LookupEnv or a stand-in.
+func run(ctx context.Context, args []string, stdout, stderr io.Writer, lookupEnv func(string) (string, bool)) error {
 	if len(args) > 0 {
 		switch args[0] {
 		case "get", "delete", "release":
-			return operate(ctx, args[0], args[1:], stdout, stderr, getenv)
+			return operate(ctx, args[0], args[1:], stdout, stderr, lookupEnv)
 		}
 	}
-	cfg, err := parseConfig(args, getenv, stderr)
+	cfg, err := parseConfig(args, lookupEnv, stderr)
 	if err != nil {
 		return err
 	}
@@ -98,11 +103,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv fu
 }
 
 func newLogger(cfg *config, w io.Writer) *slog.Logger {
-	var level slog.Level
-	if err := level.UnmarshalText([]byte(cfg.logLevel)); err != nil {
-		level = slog.LevelInfo
-	}
-	opts := &slog.HandlerOptions{Level: level}
+	opts := &slog.HandlerOptions{Level: cfg.logLevel}
 	if cfg.logFormat == "json" {
 		return slog.New(slog.NewJSONHandler(w, opts))
 	}
@@ -156,7 +157,7 @@ func serve(ctx context.Context, cfg *config, log *slog.Logger) error {
 
 	ln, err := net.Listen("tcp", cfg.listen)
 	if err != nil {
-		return fmt.Errorf("listen: %w", err)
+		return fmt.Errorf("-listen: %w", err)
 	}
 	srv := &http.Server{Handler: handler, ReadHeaderTimeout: 10 * time.Second,
 		ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn)}
@@ -166,13 +167,13 @@ func serve(ctx context.Context, cfg *config, log *slog.Logger) error {
 		adminLn, err = net.Listen("tcp", cfg.admin)
 		if err != nil {
 			ln.Close()
-			return fmt.Errorf("listen admin: %w", err)
+			return fmt.Errorf("-admin: %w", err)
 		}
 		adminSrv = &http.Server{Handler: adminHandler(timed, m, idemhttp.StoreKey, time.Now), ReadHeaderTimeout: 10 * time.Second}
 	}
 	errc := make(chan error, 2)
 	go func() { errc <- srv.Serve(ln) }()
-	attrs := []any{"proxy", ln.Addr().String(), "upstream", cfg.upstream.Redacted(), "store", redactStore(cfg.store)}
+	attrs := []any{"proxy", ln.Addr().String(), "upstream", cfg.upstream.Redacted(), "store", redactURL(cfg.store)}
 	if adminSrv != nil {
 		go func() { errc <- adminSrv.Serve(adminLn) }()
 		attrs = append(attrs, "admin", adminLn.Addr().String())
@@ -204,39 +205,70 @@ func serve(ctx context.Context, cfg *config, log *slog.Logger) error {
 	return nil
 }
 
-// redactStore hides a password in a store URL for the logs.
-func redactStore(s string) string {
+// redactURL hides the secrets of a store or upstream URL for the logs and
+// errors: the password of its user info and the values of its password
+// and sslpassword query parameters (pgx takes both from the query).
+func redactURL(s string) string {
 	scheme, rest, ok := strings.Cut(s, "://")
 	if !ok {
 		return s
 	}
-	at := strings.LastIndex(rest, "@")
-	if at < 0 {
-		return s
+	// The authority ends where url.Parse ends it; its user info, at the
+	// last '@' (a password may hold a raw '@').
+	end := strings.IndexAny(rest, "/?#")
+	if end < 0 {
+		end = len(rest)
 	}
-	user, _, hasPass := strings.Cut(rest[:at], ":")
-	if !hasPass {
-		return s
+	authority, tail := rest[:end], rest[end:]
+	if at := strings.LastIndex(authority, "@"); at >= 0 {
+		if user, _, hasPass := strings.Cut(authority[:at], ":"); hasPass {
+			authority = user + ":xxxxx" + authority[at:]
+		}
 	}
-	return scheme + "://" + user + ":xxxxx" + rest[at:]
+	path, query, hasQuery := strings.Cut(tail, "?")
+	if !hasQuery {
+		return scheme + "://" + authority + tail
+	}
+	query, fragment, hasFragment := strings.Cut(query, "#")
+	params := strings.Split(query, "&")
+	for i, p := range params {
+		k, _, _ := strings.Cut(p, "=")
+		if name, err := url.QueryUnescape(k); err == nil && (name == "password" || name == "sslpassword") {
+			params[i] = k + "=xxxxx"
+		}
+	}
+	out := scheme + "://" + authority + path + "?" + strings.Join(params, "&")
+	if hasFragment {
+		out += "#" + fragment
+	}
+	return out
 }
 
 // operate runs an operator command on a store.
-func operate(ctx context.Context, cmd string, args []string, stdout, stderr io.Writer, getenv func(string) string) error {
+func operate(ctx context.Context, cmd string, args []string, stdout, stderr io.Writer, lookupEnv func(string) (string, bool)) error {
 	fs := flag.NewFlagSet("idemproxy "+cmd, flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	storeDefault := getenv("IDEMPROXY_STORE")
-	if storeDefault == "" {
-		storeDefault = "bolt:idempotency.db"
-	}
-	storeURL := fs.String("store", storeDefault, "store URL (as for the proxy)")
+	// The usage shows the default, so the environment's URL, which may
+	// hold a password, is not made the flag's default.
+	storeURL := fs.String("store", "", "store URL (as for the proxy; default: $IDEMPROXY_STORE, else bolt:idempotency.db)")
 	scope := fs.String("scope", "", "the key's scope as the proxy derives it (see the package doc)")
 	fs.Usage = func() {
 		fmt.Fprintf(stderr, "usage: idemproxy %s -store URL [-scope S] KEY\n", cmd)
 		fs.PrintDefaults()
 	}
 	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return err
+		}
 		return fmt.Errorf("%w: %v", errUsage, err)
+	}
+	storeSet := false
+	fs.Visit(func(f *flag.Flag) { storeSet = storeSet || f.Name == "store" })
+	if !storeSet {
+		*storeURL = "bolt:idempotency.db"
+		if v, ok := lookupEnv("IDEMPROXY_STORE"); ok {
+			*storeURL = v
+		}
 	}
 	if fs.NArg() != 1 {
 		fs.Usage()

@@ -257,7 +257,7 @@ func TestAdmin(t *testing.T) {
 	}
 	var out syncBuffer
 	ctx := context.Background()
-	env := func(string) string { return "" }
+	env := noEnv
 	if err := run(ctx, []string{"get", "-store", "bolt:" + path, "held"}, &out, &out, env); err != nil || !strings.Contains(out.String(), `"DONE"`) {
 		t.Fatalf("idemproxy get = %v %q", err, out.String())
 	}
@@ -305,23 +305,18 @@ func TestUsage(t *testing.T) {
 		{"-upstream", "http://x", "-log-format", "xml"},
 		{"-upstream", "http://x", "stray"},
 	} {
-		err := run(context.Background(), args, &syncBuffer{}, &syncBuffer{}, func(string) string { return "" })
+		err := run(context.Background(), args, &syncBuffer{}, &syncBuffer{}, noEnv)
 		if !errors.Is(err, errUsage) {
 			t.Errorf("run(%q) = %v; want a usage error", args, err)
 		}
 	}
 	// The environment sets flags too.
-	err := run(context.Background(), nil, &syncBuffer{}, &syncBuffer{}, func(k string) string {
-		if k == "IDEMPROXY_UPSTREAM" {
-			return "gopher://x"
-		}
-		return ""
-	})
+	err := run(context.Background(), nil, &syncBuffer{}, &syncBuffer{}, envOf(map[string]string{"IDEMPROXY_UPSTREAM": "gopher://x"}))
 	if !errors.Is(err, errUsage) || !strings.Contains(err.Error(), "gopher") {
 		t.Errorf("IDEMPROXY_UPSTREAM was not read: %v", err)
 	}
 	if err := run(context.Background(), []string{"-upstream", "http://x", "-store", "nosuch://"}, &syncBuffer{}, &syncBuffer{},
-		func(string) string { return "" }); err == nil {
+		noEnv); err == nil {
 		t.Error("an unknown store scheme started")
 	}
 }

@@ -36,6 +36,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
+	bolterrors "go.etcd.io/bbolt/errors"
 
 	"github.com/archlab/idempotency"
 	"github.com/archlab/idempotency/boltstore"
@@ -79,6 +80,10 @@ func Open(ctx context.Context, rawURL string, opts Options) (idempotency.Store, 
 			return nil, nil, invalid("bolt needs a path: bolt:PATH")
 		}
 		s, err := boltstore.Open(path, nil)
+		if errors.Is(err, bolterrors.ErrTimeout) {
+			// bbolt's own word for it is just "timeout".
+			return nil, nil, fmt.Errorf("storeurl: %w (the file is locked: another process, such as a running idemproxy, has it open, and a bolt file serves one process at a time)", err)
+		}
 		if err != nil {
 			return nil, nil, fmt.Errorf("storeurl: %w", err)
 		}
@@ -92,7 +97,23 @@ func Open(ctx context.Context, rawURL string, opts Options) (idempotency.Store, 
 	case "":
 		return nil, nil, fmt.Errorf("%w: empty store URL (want memory, bolt:PATH, redis://, redis+cluster://, postgres://)", ErrUnknownScheme)
 	}
+	if !isScheme(scheme) {
+		// Not quoted: it may be a key=value connection string with a
+		// password in it.
+		return nil, nil, fmt.Errorf("%w: the store URL does not start with a scheme (want memory, bolt:PATH, redis://, rediss://, redis+cluster://, postgres://; a key=value connection string is not accepted)", ErrUnknownScheme)
+	}
 	return nil, nil, fmt.Errorf("%w: %q (want memory, bolt:PATH, redis://, rediss://, redis+cluster://, postgres://)", ErrUnknownScheme, scheme)
+}
+
+// isScheme reports whether s is a URL scheme as RFC 3986 writes one.
+func isScheme(s string) bool {
+	for i, r := range s {
+		letter := 'a' <= r && r <= 'z' || 'A' <= r && r <= 'Z'
+		if !letter && (i == 0 || !('0' <= r && r <= '9' || r == '+' || r == '-' || r == '.')) {
+			return false
+		}
+	}
+	return s != ""
 }
 
 func invalid(format string, args ...any) error {
@@ -108,9 +129,18 @@ type closeFunc func() error
 func (f closeFunc) Close() error { return f() }
 
 // takeParams removes our own query parameters from u and returns them.
-// Each may appear once.
+// Each may appear once. A malformed query is an error: u.Query would drop
+// the malformed pairs, and with them, unseen, options such as sslmode.
 func takeParams(u *url.URL, names ...string) (map[string]string, error) {
-	q := u.Query()
+	q, err := url.ParseQuery(u.RawQuery)
+	if err != nil {
+		var esc url.EscapeError
+		if errors.As(err, &esc) {
+			// Not quoted: the text around the '%' may be a password.
+			return nil, invalid("the query has a %% not followed by two hex digits (write a literal %% as %%25)")
+		}
+		return nil, invalid("the query is malformed (%v); separate parameters with &", err)
+	}
 	out := make(map[string]string, len(names))
 	for _, n := range names {
 		vs, ok := q[n]

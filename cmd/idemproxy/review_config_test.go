@@ -1,0 +1,178 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// TestReviewConfigErrors: each bad value is a usage error that names the
+// flag or variable as the operator set it, with the value.
+func TestReviewConfigErrors(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		args []string
+		env  map[string]string
+		want []string // in the error
+	}{
+		{"log level", []string{"-upstream", "http://x", "-log-level", "verbose"}, nil, []string{`-log-level "verbose"`}},
+		{"log level env", []string{"-upstream", "http://x"}, map[string]string{"IDEMPROXY_LOG_LEVEL": "loud"}, []string{`IDEMPROXY_LOG_LEVEL="loud"`}},
+		{"retention env", []string{"-upstream", "http://x"}, map[string]string{"IDEMPROXY_RETENTION": "10s"}, []string{`IDEMPROXY_RETENTION="10s"`, "30s"}},
+		{"retention flag", []string{"-upstream", "http://x", "-retention", "10s"}, map[string]string{"IDEMPROXY_RETENTION": "1h"}, []string{`-retention "10s"`}},
+		{"lease flag wins", []string{"-upstream", "http://x", "-lease", "0s"}, map[string]string{"IDEMPROXY_LEASE": "1m"}, []string{`-lease "0s"`}},
+		{"scope header space", []string{"-upstream", "http://x", "-scope-header", "X Tenant"}, nil, []string{"-scope-header"}},
+		{"scope header colon", []string{"-upstream", "http://x", "-scope-header", "X-Tenant-Id:"}, nil, []string{"-scope-header"}},
+		{"scope header authorization", []string{"-upstream", "http://x", "-scope-header", "authorization"}, nil, []string{"-scope-header", "credentials"}},
+		{"scope header cookie", []string{"-upstream", "http://x", "-scope-header", "Cookie"}, nil, []string{"-scope-header"}},
+		{"listen", []string{"-upstream", "http://x", "-listen", "8080"}, nil, []string{`-listen "8080"`}},
+		{"listen empty", []string{"-upstream", "http://x", "-listen", ""}, nil, []string{"-listen"}},
+		{"admin", []string{"-upstream", "http://x", "-admin", "9090"}, nil, []string{`-admin "9090"`}},
+		{"store env empty", []string{"-upstream", "http://x"}, map[string]string{"IDEMPROXY_STORE": ""}, []string{"IDEMPROXY_STORE"}},
+		{"upstream env empty", nil, map[string]string{"IDEMPROXY_UPSTREAM": ""}, []string{"IDEMPROXY_UPSTREAM"}},
+		{"upstream user info", []string{"-upstream", "http://app:s3cret@127.0.0.1:9000"}, nil, []string{"-upstream", "user info"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			env := envOf(tc.env)
+			c, err := parseConfig(tc.args, env, &syncBuffer{})
+			if !errors.Is(err, errUsage) {
+				t.Fatalf("parseConfig(%q, %v) = %+v, %v; want a usage error", tc.args, tc.env, c, err)
+			}
+			for _, w := range tc.want {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("error %q does not say %q", err, w)
+				}
+			}
+		})
+	}
+	// A scope header that is a header name is fine.
+	if _, err := parseConfig([]string{"-upstream", "http://x", "-scope-header", "x-tenant-id"}, noEnv, &syncBuffer{}); err != nil {
+		t.Errorf("-scope-header x-tenant-id: %v", err)
+	}
+}
+
+// TestReviewUpstreamPasswordNotInError: the upstream's password stays out
+// of the error, whichever check refuses it.
+func TestReviewUpstreamPasswordNotInError(t *testing.T) {
+	for _, up := range []string{"http://u:s3cret@x:bad", "ftp://u:s3cret@x", "http://u:s3cret@x:9000"} {
+		_, err := parseConfig([]string{"-upstream", up}, noEnv, &syncBuffer{})
+		if err == nil || strings.Contains(err.Error(), "s3cret") {
+			t.Errorf("-upstream %q: %v; want an error without the password", up, err)
+		}
+	}
+}
+
+// TestReviewEmptyAdminEnvTurnsAdminOff: IDEMPROXY_ADMIN= turns the admin
+// server off as -admin "" does (the usage says "empty: off").
+func TestReviewEmptyAdminEnvTurnsAdminOff(t *testing.T) {
+	up := newUpstream(t)
+	for _, tc := range []struct {
+		name string
+		args []string
+		env  map[string]string
+	}{
+		{"flag", []string{"-admin", ""}, nil},
+		{"env", nil, map[string]string{"IDEMPROXY_ADMIN": ""}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx, cancel := context.WithCancel(context.Background())
+			logs := &syncBuffer{}
+			done := make(chan error, 1)
+			args := append([]string{"-listen", "127.0.0.1:0", "-upstream", up.URL, "-store", "memory"}, tc.args...)
+			go func() { done <- run(ctx, args, &syncBuffer{}, logs, envOf(tc.env)) }()
+			exited := make(chan struct{})
+			var runErr error
+			go func() { runErr = <-done; close(exited) }()
+			_, admin := waitListening(t, logs.String, exited)
+			cancel()
+			<-exited
+			if runErr != nil {
+				t.Fatalf("run: %v", runErr)
+			}
+			if admin != "" {
+				t.Fatalf("admin server on %s; want none:\n%s", admin, logs)
+			}
+		})
+	}
+}
+
+// TestReviewStoreEnvPasswordNotInUsage: an operator command prints its
+// usage on a mistake; the store URL from IDEMPROXY_STORE, password and
+// all, used to be printed as the flag's default.
+func TestReviewStoreEnvPasswordNotInUsage(t *testing.T) {
+	env := envOf(map[string]string{"IDEMPROXY_STORE": "redis://:hunter2@127.0.0.1:1/0"})
+	for _, args := range [][]string{{"get"}, {"delete", "-bogus", "k"}, {"release", "-h"}} {
+		var out syncBuffer
+		err := run(context.Background(), args, &out, &out, env)
+		if err == nil {
+			t.Errorf("run(%q) succeeded", args)
+		}
+		if strings.Contains(out.String(), "hunter2") {
+			t.Errorf("run(%q) printed the password:\n%s", args, out.String())
+		}
+	}
+	// The variable is still the default store.
+	path := filepath.Join(t.TempDir(), "idem.db")
+	var out syncBuffer
+	if err := run(context.Background(), []string{"get", "k"}, &out, &out,
+		envOf(map[string]string{"IDEMPROXY_STORE": "bolt:" + path})); err == nil {
+		t.Fatal("get of a missing key succeeded")
+	}
+	if _, err := os.Stat(path); err != nil {
+		t.Fatalf("get did not open the IDEMPROXY_STORE file: %v", err)
+	}
+}
+
+// TestReviewHelp: -h prints the usage, which names the environment
+// variables, and is not an error (exit 0).
+func TestReviewHelp(t *testing.T) {
+	for _, args := range [][]string{{"-h"}, {"get", "-h"}} {
+		var out syncBuffer
+		err := run(context.Background(), args, &out, &out, noEnv)
+		if errors.Is(err, errUsage) || !errors.Is(err, flag.ErrHelp) {
+			t.Errorf("run(%q) = %v; want flag.ErrHelp only", args, err)
+		}
+	}
+	var out syncBuffer
+	_ = run(context.Background(), []string{"-h"}, &out, &out, noEnv)
+	if !strings.Contains(out.String(), "IDEMPROXY_") {
+		t.Errorf("-h does not mention the environment:\n%s", out.String())
+	}
+}
+
+// TestReviewBadListenBeforeStore: a malformed -listen is refused before
+// the store is opened (or a PostgreSQL schema migrated).
+func TestReviewBadListenBeforeStore(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "idem.db")
+	err := run(context.Background(), []string{"-upstream", "http://127.0.0.1:9", "-store", "bolt:" + path, "-listen", "8080"},
+		&syncBuffer{}, &syncBuffer{}, noEnv)
+	if !errors.Is(err, errUsage) {
+		t.Fatalf("-listen 8080: %v; want a usage error", err)
+	}
+	if _, err := os.Stat(path); err == nil {
+		t.Fatal("the store was opened before -listen was checked")
+	}
+}
+
+func TestReviewRedactURL(t *testing.T) {
+	for _, tc := range []struct{ in, want string }{
+		{"memory", "memory"},
+		{"bolt:/var/lib/idem@x:y.db", "bolt:/var/lib/idem@x:y.db"},
+		{"redis://u:pw@h:6379/0", "redis://u:xxxxx@h:6379/0"},
+		{"redis://:pw@h", "redis://:xxxxx@h"},
+		{"redis://u:p@ss@h/0", "redis://u:xxxxx@h/0"},
+		{"rediss+cluster://u:pw@h1:1,h2:2?prefix=a:", "rediss+cluster://u:xxxxx@h1:1,h2:2?prefix=a:"},
+		{"redis://h:6379/0?prefix=a@b:", "redis://h:6379/0?prefix=a@b:"},
+		{"postgres://u@h/db?password=pw&sslmode=require", "postgres://u@h/db?password=xxxxx&sslmode=require"},
+		{"postgres://u:pw@h/db?sslmode=verify-full&sslpassword=kp", "postgres://u:xxxxx@h/db?sslmode=verify-full&sslpassword=xxxxx"},
+		{"postgres://u@h/db?pass%77ord=pw", "postgres://u@h/db?pass%77ord=xxxxx"},
+		{"http://app:9000/api?x=1", "http://app:9000/api?x=1"},
+	} {
+		if got := redactURL(tc.in); got != tc.want {
+			t.Errorf("redactURL(%q) = %q; want %q", tc.in, got, tc.want)
+		}
+	}
+}
