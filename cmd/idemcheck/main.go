@@ -68,6 +68,7 @@ type config struct {
 	conflictStatus int
 	requests       int
 	timeout        time.Duration
+	window         time.Duration
 }
 
 // headerSets collects -header and -as in command-line order: headers before
@@ -139,7 +140,7 @@ func parse(args []string, stderr io.Writer) (*config, error) {
 		fmt.Fprint(stderr, `usage:
   idemcheck [-seed N] [-duration D] [-store URL]      demo (with -store: certify the store first)
   idemcheck -target URL [-as NAME] [-header 'Name: value']... [-body TEMPLATE]
-            [-conflict-status 422|409] [-requests N] [-concurrency N]
+            [-conflict-status 422|409] [-requests N] [-concurrency N] [-window D]
 
 Credential sets for -target: -header flags before any -as go to every
 request; each -as NAME starts a set, and the -header flags after it belong to
@@ -177,6 +178,7 @@ flags:
 	fs.IntVar(&cfg.conflictStatus, "conflict-status", 422, "target: the status expected for a key reused with another payload (422 or 409)")
 	fs.IntVar(&cfg.requests, "requests", 20, "target: logical requests (keys) per check")
 	fs.DurationVar(&cfg.timeout, "timeout", 10*time.Second, "target: per-request timeout")
+	fs.DurationVar(&cfg.window, "window", blackbox.DefaultWindow, "target: how long after its first answer a key must still replay (retried once at the end)")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return nil, err
@@ -201,7 +203,8 @@ flags:
 		badf("-concurrency %d: give 1 to 256", cfg.concurrency)
 	}
 	if cfg.target == "" {
-		targetOnly := map[string]bool{"header": true, "as": true, "body": true, "conflict-status": true, "requests": true, "timeout": true}
+		targetOnly := map[string]bool{"header": true, "as": true, "body": true, "conflict-status": true, "requests": true, "timeout": true,
+			"window": true}
 		fs.Visit(func(f *flag.Flag) {
 			if targetOnly[f.Name] {
 				badf("-%s needs -target", f.Name)
@@ -226,6 +229,9 @@ flags:
 		}
 		if cfg.timeout <= 0 {
 			badf("-timeout %v: give a positive duration", cfg.timeout)
+		}
+		if cfg.window <= 0 || cfg.window > 10*time.Minute {
+			badf("-window %v: give 1ms to 10m", cfg.window)
 		}
 		if !strings.Contains(cfg.body, "{{unique}}") && !strings.Contains(cfg.body, "{{seq}}") {
 			badf("-body needs {{unique}} or {{seq}}, so that every request is a new operation")
@@ -308,7 +314,7 @@ func runTargetMode(ctx context.Context, cfg *config, rep *verdict.Report, prog *
 	fmt.Fprintf(prog.w, "checking %s with %d credential set(s)\n", cfg.target, len(cfg.headers))
 	return blackbox.Run(ctx, blackbox.Config{Target: cfg.target, Headers: cfg.headers, BodyTemplate: cfg.body,
 		ConflictStatus: cfg.conflictStatus, Concurrency: cfg.concurrency, Seed: cfg.seed,
-		Timeout: cfg.timeout, Requests: cfg.requests}, rep, prog.lines())
+		Timeout: cfg.timeout, Requests: cfg.requests, Window: cfg.window}, rep, prog.lines())
 }
 
 // repro is the command that repeats the run: the same flags, the seed fixed.

@@ -33,12 +33,13 @@ const (
 	CheckMalformed  = "malformed keys rejected"
 	CheckLost       = "lost response replays"
 	CheckScope      = "credentials never share results"
+	CheckVisible    = "a second execution would be visible"
 )
 
 // Checks returns the check names in the order Run declares them.
 func Checks() []string {
 	return []string{CheckFresh, CheckRetry, CheckMarked, CheckConcurrent,
-		CheckPayload, CheckMalformed, CheckLost, CheckScope}
+		CheckPayload, CheckMalformed, CheckLost, CheckScope, CheckVisible}
 }
 
 // DefaultBodyTemplate is the body sent when Config.BodyTemplate is empty.
@@ -67,7 +68,17 @@ type Config struct {
 	Seed int64
 	// Timeout bounds one HTTP exchange (0: 10s).
 	Timeout time.Duration
+	// Window is how long after its first answer a key must still be
+	// replayed: at the end of the run each key of CheckRetry is sent once
+	// more, no sooner than Window after its first answer (0:
+	// DefaultWindow). Real windows are hours long; this catches a target
+	// that forgets keys within the run (a short expiry, a small cache).
+	Window time.Duration
 }
+
+// DefaultWindow is Config.Window when zero: the run waits at most this long
+// for its last retries.
+const DefaultWindow = 2 * time.Second
 
 // ReplayedHeader is the response field by which a target marks a replay.
 const ReplayedHeader = "Idempotent-Replayed"
@@ -99,6 +110,7 @@ func Run(ctx context.Context, cfg Config, rep *verdict.Report, progress io.Write
 		{CheckMalformed, c.checkMalformed},
 		{CheckLost, c.checkLost},
 		{CheckScope, c.checkScope},
+		{fmt.Sprintf("%s, %v after the first answer", CheckRetry, c.cfg.Window), c.checkWindow},
 	} {
 		if err := ctx.Err(); err != nil {
 			return err
@@ -107,6 +119,8 @@ func Run(ctx context.Context, cfg Config, rep *verdict.Report, progress io.Write
 		step.fn(ctx)
 	}
 	c.finishMarked()
+	c.finishRetry()
+	c.finishVisible()
 	return ctx.Err()
 }
 
@@ -123,8 +137,15 @@ type checker struct {
 	rng *mrand.Rand
 	seq int
 
-	// identifies: two executions of one body give different answers.
+	// identifies: two executions of one body give different answers,
+	// the keys they echo aside.
 	identifies bool
+	// answered are CheckRetry's keys with their first answers, for the
+	// late retry of checkWindow.
+	answered []answeredKey
+	// Retries equal to the first answer that prove nothing (the target's
+	// answers do not identify executions and the retry was not marked).
+	unprovenRetries int
 	// Replays seen, with and without the header; examples of the latter;
 	// first answers wrongly marked as replays.
 	markedReplays, unmarkedReplays int
@@ -157,6 +178,9 @@ func newChecker(cfg Config, rep *verdict.Report, progress io.Writer) (*checker, 
 	}
 	if cfg.Timeout <= 0 {
 		cfg.Timeout = 10 * time.Second
+	}
+	if cfg.Window <= 0 {
+		cfg.Window = DefaultWindow
 	}
 	if cfg.ConflictStatus < 100 || cfg.ConflictStatus > 599 {
 		return nil, fmt.Errorf("blackbox: conflict status %d is not an HTTP status", cfg.ConflictStatus)
@@ -232,15 +256,54 @@ func (r reply) replayed() bool {
 	return strings.EqualFold(v, "true") || v == "?1"
 }
 
-func (r reply) same(o reply) bool { return r.status == o.status && bytes.Equal(r.body, o.body) }
+// replayedFields are the response fields a replay must carry as the first
+// answer did: what the answer is (its media type, parameters aside) and
+// where the created resource is. Others may rightly differ per response
+// (Date, request ids, the replay mark).
+var replayedFields = []string{"Content-Type", "Location"}
 
-// String is the reply for an example: status, mark and body, shortened.
+// same reports whether o is r again: status, body and replayedFields.
+func (r reply) same(o reply) bool {
+	if r.status != o.status || !bytes.Equal(r.body, o.body) {
+		return false
+	}
+	for _, f := range replayedFields {
+		if r.field(f) != o.field(f) {
+			return false
+		}
+	}
+	return true
+}
+
+// field is the value of one of replayedFields, Content-Type reduced to its
+// media type.
+func (r reply) field(name string) string {
+	v := strings.TrimSpace(r.header.Get(name))
+	if name == "Content-Type" {
+		v, _, _ = strings.Cut(v, ";")
+		v = strings.ToLower(strings.TrimSpace(v))
+	}
+	return v
+}
+
+// String is the reply for an example: status, mark, body (shortened) and
+// the replayedFields it has.
 func (r reply) String() string {
 	mark := ""
 	if r.replayed() {
 		mark = " (replayed)"
 	}
-	return fmt.Sprintf("%d%s %s", r.status, mark, short(r.body))
+	var fields []string
+	for _, f := range replayedFields {
+		if v := r.field(f); v != "" {
+			fields = append(fields, f+": "+v)
+		}
+	}
+	s := fmt.Sprintf("%d%s %s", r.status, mark, short(r.body))
+	if len(fields) > 0 {
+		s += " [" + strings.Join(fields, "; ") + "]"
+	}
+	return s
 }
 
 func short(b []byte) string {

@@ -27,9 +27,11 @@ var twoCallers = []http.Header{
 	{"Authorization": {"Bearer bob"}},
 }
 
-// testConfig keeps a run small: a few keys per check, 8 duplicates.
+// testConfig keeps a run small: a few keys per check, 8 duplicates, the
+// last retries half a second after the first answers.
 func testConfig(target string) Config {
-	return Config{Target: target, Headers: twoCallers, Concurrency: 8, Requests: 4, Seed: 1, Timeout: 5 * time.Second}
+	return Config{Target: target, Headers: twoCallers, Concurrency: 8, Requests: 4, Seed: 1, Timeout: 5 * time.Second,
+		Window: 500 * time.Millisecond}
 }
 
 // logWriter sends Run's progress lines to the test log.

@@ -85,15 +85,68 @@ func (c *checker) preflight(ctx context.Context) error {
 		return fmt.Errorf("blackbox: target %s unreachable: %w", c.target.Redacted(), err)
 	}
 	c.fresh(b, rb)
-	c.identifies = !(ra.ok() && rb.ok() && bytes.Equal(ra.body, rb.body))
+	// An answer that names its key (a resource whose id is the key) but
+	// nothing else unique to the execution differs from key to key, and
+	// is the same bytes however often one key runs: compare the answers
+	// without the keys.
+	ea, eb := bytes.ReplaceAll(ra.body, []byte(a.key), nil), bytes.ReplaceAll(rb.body, []byte(b.key), nil)
+	c.identifies = !(ra.ok() && rb.ok() && bytes.Equal(ea, eb))
 	if !c.identifies {
-		c.logf("note: two executions of one body answered the same bytes; double execution is invisible")
+		c.logf("note: two executions of one body answered the same bytes (the keys aside); double execution is invisible")
 	}
 	return nil
 }
 
+// answeredKey is a key of CheckRetry with its first answer, and when it
+// came.
+type answeredKey struct {
+	req   request
+	first reply
+	at    time.Time
+}
+
+// heldRetry records a retry that answered the same as the first answer. It
+// proves a replay only if the target's answers identify executions or the
+// retry is marked as a replay; otherwise it is counted for finishRetry.
+func (c *checker) heldRetry(req request, r reply) {
+	c.sawReplay(req, r)
+	if c.identifies || r.replayed() {
+		c.rep.Pass(CheckRetry)
+		return
+	}
+	c.mu.Lock()
+	c.unprovenRetries++
+	c.mu.Unlock()
+}
+
+// finishRetry skips CheckRetry when no retry could be told from a second
+// execution.
+func (c *checker) finishRetry() {
+	c.mu.Lock()
+	unproven := c.unprovenRetries
+	c.mu.Unlock()
+	for _, ch := range c.rep.Checks() {
+		if ch.Name == CheckRetry && ch.Passed == 0 && ch.Failed == 0 && unproven > 0 {
+			c.rep.Skip(CheckRetry, fmt.Sprintf("%d retries answered the first answer's bytes, but a second execution of this "+
+				"target answers the same bytes and none was marked %s: true, so none can be told from one", unproven, ReplayedHeader))
+		}
+	}
+}
+
+// finishVisible decides CheckVisible: a run in which neither the answers
+// identify executions nor the target marks replays could not have seen a
+// second execution anywhere, so whatever else held proves nothing.
+func (c *checker) finishVisible() {
+	c.mu.Lock()
+	marks := c.markedReplays > 0
+	c.mu.Unlock()
+	c.rep.Check(CheckVisible, c.identifies || marks, "two executions of one body answered the same bytes (the keys aside) "+
+		"and no replay was marked %s: true, so no check of this run could see an operation run twice; "+
+		"make the answer hold something unique per execution (a created resource's id) or mark replays", ReplayedHeader)
+}
+
 // checkRetry: the same key and body, sent after the first answer arrived,
-// get the same status and body.
+// get the same answer (status, body, replayedFields).
 func (c *checker) checkRetry(ctx context.Context) {
 	for range c.cfg.Requests {
 		if ctx.Err() != nil {
@@ -105,6 +158,7 @@ func (c *checker) checkRetry(ctx context.Context) {
 			c.rep.Fail(CheckRetry, "key %s: first request failed: %v", req.key, err)
 			continue
 		}
+		at := time.Now()
 		c.fresh(req, r1)
 		if r1.status >= 500 {
 			continue // not stored by design (a retry may run again); CheckFresh has it
@@ -114,9 +168,34 @@ func (c *checker) checkRetry(ctx context.Context) {
 			c.rep.Fail(CheckRetry, "key %s: retry failed: %v", req.key, err)
 			continue
 		}
-		if c.rep.Check(CheckRetry, r2.same(r1), "key %s: first answer %s, retry %s", req.key, r1, r2) {
-			c.sawReplay(req, r2)
+		if !r2.same(r1) {
+			c.rep.Fail(CheckRetry, "key %s: first answer %s, retry %s", req.key, r1, r2)
+			continue
 		}
+		c.heldRetry(req, r2)
+		c.answered = append(c.answered, answeredKey{req: req, first: r1, at: at})
+	}
+}
+
+// checkWindow sends each key of checkRetry once more, Config.Window after
+// its first answer: the answer must still be the first one.
+func (c *checker) checkWindow(ctx context.Context) {
+	for _, k := range c.answered {
+		if !sleep(ctx, time.Until(k.at.Add(c.cfg.Window))) {
+			return
+		}
+		r, err := c.post(ctx, c.creds(), k.req)
+		age := time.Since(k.at).Round(time.Millisecond)
+		if err != nil {
+			c.rep.Fail(CheckRetry, "key %s: the retry %v after the first answer failed: %v", k.req.key, age, err)
+			continue
+		}
+		if !r.same(k.first) {
+			c.rep.Fail(CheckRetry, "key %s: first answer %s, but a retry %v later %s: the key was forgotten within %v",
+				k.req.key, k.first, age, r, c.cfg.Window)
+			continue
+		}
+		c.heldRetry(k.req, r)
 	}
 }
 
@@ -148,7 +227,8 @@ func (c *checker) checkConcurrent(ctx context.Context) {
 		wg.Wait()
 
 		var problems []string
-		var successes [][]byte
+		var successes [][]byte // distinct 2xx bodies: executions
+		var answers []reply    // distinct 2xx answers (status, body, fields)
 		statuses := map[int]int{}
 		for i, r := range replies {
 			if errs[i] != nil {
@@ -160,6 +240,9 @@ func (c *checker) checkConcurrent(ctx context.Context) {
 			case r.ok():
 				if !slices.ContainsFunc(successes, func(b []byte) bool { return bytes.Equal(b, r.body) }) {
 					successes = append(successes, r.body)
+				}
+				if !slices.ContainsFunc(answers, r.same) {
+					answers = append(answers, r)
 				}
 			case r.status == http.StatusConflict:
 			default:
@@ -173,17 +256,22 @@ func (c *checker) checkConcurrent(ctx context.Context) {
 			}
 			problems = append(problems, fmt.Sprintf("%d distinct 2xx bodies, so it ran at least %d times: %s",
 				len(successes), len(successes), strings.Join(ex, ", ")))
+		} else if len(answers) > 1 {
+			// One execution, answered in more than one way: a duplicate
+			// did not get the first answer.
+			problems = append(problems, fmt.Sprintf("one execution answered in %d ways, not all the first answer: %s and %s",
+				len(answers), answers[0], answers[1]))
 		}
 		if len(successes) == 0 && len(problems) == 0 {
 			problems = append(problems, "none of the duplicates succeeded")
 		}
-		if len(successes) == 1 {
+		if len(answers) == 1 {
 			f, _, err := c.settle(ctx, c.creds(), req, c.cfg.Timeout)
 			switch {
 			case err != nil:
 				problems = append(problems, fmt.Sprintf("the retry after the burst failed: %v", err))
-			case !f.ok() || !bytes.Equal(f.body, successes[0]):
-				problems = append(problems, fmt.Sprintf("the retry after the burst answered %s, not the burst's %s", f, short(successes[0])))
+			case !f.ok() || !f.same(answers[0]):
+				problems = append(problems, fmt.Sprintf("the retry after the burst answered %s, not the burst's %s", f, answers[0]))
 			default:
 				c.sawReplay(req, f)
 			}
@@ -349,7 +437,7 @@ func (c *checker) checkLost(ctx context.Context) {
 		if variant == cutAfterSend && !sleep(ctx, lostWait) {
 			return
 		}
-		r, saw409, err := c.settle(ctx, c.creds(), req, c.cfg.Timeout)
+		r, _, err := c.settle(ctx, c.creds(), req, c.cfg.Timeout)
 		if err != nil {
 			c.rep.Fail(CheckLost, "key %s (%s): the retry failed: %v", req.key, lostNames[variant], err)
 			continue
@@ -373,11 +461,12 @@ func (c *checker) checkLost(ctx context.Context) {
 			c.rep.Fail(CheckLost, "key %s (%s): the target had begun answering %d, but the retry answered %s "+
 				"without %s, though the target marks its replays: it ran again",
 				req.key, lostNames[variant], first.status, r, ReplayedHeader)
-		case saw409 && r.status < 500:
-			c.rep.Pass(CheckLost) // the lost request held the key; this is its answer
 		default:
 			// Either the lost request never ran (a target may refuse work
 			// for a client that is gone) or nothing tells a replay here.
+			// A 409 on the way shows only that the lost request held the
+			// key: the answer after it may be a second execution (the
+			// first one abandoned, or forgotten because its client left).
 			inconclusive++
 		}
 	}
@@ -421,8 +510,10 @@ func (c *checker) checkScope(ctx context.Context) {
 		}
 		var problems []string
 		switch {
-		case b.same(a):
-			problems = append(problems, fmt.Sprintf("the second caller got the first caller's answer %s", b))
+		case bytes.Equal(b.body, a.body):
+			// The body alone: the first caller's result under another
+			// status or fields is still the first caller's result.
+			problems = append(problems, fmt.Sprintf("the second caller got the first caller's result %s (the first caller's answer %s)", b, a))
 		case b.replayed():
 			problems = append(problems, fmt.Sprintf("the second caller's first request was answered as a replay: %s", b))
 		case !b.ok():

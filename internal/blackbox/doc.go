@@ -10,14 +10,20 @@
 //   - CheckFresh: a fresh key with a valid body gets a 2xx. Not a property of
 //     idempotency, but without it the others cannot be judged.
 //   - CheckRetry: the same key and body sent again, after the first answer
-//     arrived, gets the same status and body.
+//     arrived, gets the same answer: status, body, media type and Location.
+//     Each key is sent once more at the end of the run, Config.Window
+//     after its first answer, and must still get it. Where the target's
+//     answers do not identify executions (below), only a retry marked as a
+//     replay counts; with none, the check is skipped with the reason.
 //   - CheckMarked: replays carry Idempotent-Replayed: true and first answers
 //     do not. The draft does not require the header, so a target that never
 //     sends it gets a skip with the reason, not a failure; one that sends it
 //     on some replays only, or on a first answer, fails.
 //   - CheckConcurrent: Config.Concurrency requests with one key, released
-//     together, yield at most one distinct 2xx body; the others are replays
-//     of it or 409 (in flight). A later retry replays that body.
+//     together, yield at most one distinct 2xx answer; the others are
+//     replays of it or 409 (in flight). Two 2xx bodies mean two executions;
+//     one body under two statuses means a duplicate did not get the first
+//     answer. A later retry replays that answer.
 //   - CheckPayload: the same key with another body gets Config.ConflictStatus
 //     (422 unless set).
 //   - CheckMalformed: malformed Idempotency-Key values (empty, a list,
@@ -31,18 +37,26 @@
 //     leave while it runs, with the answer read all the same for comparison.
 //   - CheckScope: the same key under Config.Headers[0] and [1] (two
 //     credential sets) runs twice, independently: neither gets the other's
-//     answer. Skipped with one credential set.
+//     body, under any status. Skipped with one credential set.
+//   - CheckVisible: the target's answers identify executions, or it marks
+//     its replays. Without either, no check could have seen an operation
+//     run twice (a target that runs every request would pass them all), so
+//     the run fails here rather than pass on skips.
 //
 // # What a black box can see
 //
 // Double execution is visible only in the responses. Run tells two
 // executions apart by their bodies, so the target must answer something
 // unique per execution, as a created resource's id is. Before the checks
-// Run sends one body under two fresh keys; if both answers are identical,
+// Run sends one body under two fresh keys; if both answers are identical
+// once each is rid of its own key (an answer that only echoes the key, a
+// resource named after it, is the same bytes however often the key runs),
 // the target's responses do not identify executions: CheckConcurrent and
-// CheckScope are skipped with that reason, and CheckLost compares no
-// answers. A server that runs a request twice and answers the same bytes
-// both times cannot be caught this way.
+// CheckScope are skipped with that reason, CheckLost compares no answers
+// and CheckRetry counts only marked replays. A server that runs a request
+// twice and answers the same bytes both times cannot be caught this way;
+// nor can one that runs a duplicate and then answers it 409 (a claim
+// stored after the side effect, refused as a duplicate).
 //
 // A lost response is never seen by the client it was meant for, so the
 // retry after it is judged by what can be known. After a half-close the
@@ -52,8 +66,9 @@
 // replays. After a close right after sending, the target may rightly not
 // run the request at all (it may see the client gone first, as idemhttp
 // does when its store refuses a cancelled request), so an unmarked retry
-// proves nothing; a 409 (the lost request still holds the key) followed by
-// an answer, or a marked replay, counts as held. Retries that cannot be
+// proves nothing, even after a 409: the lost request held the key, but it
+// may have been abandoned, or run and forgotten, before the retry ran
+// again. Only a marked replay counts as held. Retries that cannot be
 // judged are left out; if none can, the check is skipped with the reason.
 //
 // Keys and unique values hold a random run id, so that runs against a

@@ -229,8 +229,11 @@ func (c *campaign) one(ctx context.Context, w int, key, fp string, mode int) {
 	resp, out, err := g.Do(dctx, key, fp, fn)
 	done := time.Now().UnixNano()
 	tr.mu.Lock()
-	beginErr := tr.beginErr
+	beginErr, completeLost, token := tr.beginErr, tr.completeLost, tr.token
 	tr.mu.Unlock()
+	if completeLost {
+		c.probeStale(ctx, w, key, token)
+	}
 	if beginErr != nil {
 		c.rep.Check(checkFailClosed, ex == nil, "key %s: fn ran although Begin failed: %v", key, beginErr)
 	}
@@ -249,6 +252,19 @@ func (c *campaign) one(ctx context.Context, w int, key, fp string, mode int) {
 	c.mu.Lock()
 	c.outcomes[name]++
 	c.mu.Unlock()
+}
+
+// probeStale renews, then releases, a claim whose Complete the store has
+// just refused with ErrLeaseLost: both must be refused too, and change
+// nothing (the history check judges them). The Guard never sends these
+// after a lost Complete, and its holders renew only while their lease
+// lives, so without the probe a store that let a stale holder renew, or
+// release (wiping its successor's claim), would pass the campaign.
+func (c *campaign) probeStale(ctx context.Context, w int, key string, token uint64) {
+	// Not cut short by the campaign's end: the recorder bounds each call.
+	pctx := context.WithValue(context.WithoutCancel(ctx), traceKey{}, &doTrace{worker: w})
+	_ = c.rec.Extend(pctx, key, token, time.Now(), c.lease)
+	_ = c.rec.Release(pctx, key, token)
 }
 
 // checkReplay checks that a replayed response is one that an execution of

@@ -95,6 +95,8 @@ type doTrace struct {
 	claimed  bool
 	token    uint64
 	beginOp  int // index of the Begin in the history
+	// completeLost: the store answered the Complete ErrLeaseLost.
+	completeLost bool
 }
 
 func traceFrom(ctx context.Context) *doTrace {
@@ -208,6 +210,11 @@ func (r *recorder) Complete(ctx context.Context, key string, token uint64, resp 
 	_, err := r.do(ctx, input{kind: opComplete, key: key, token: token, body: string(resp.Body)}, now, func(ctx context.Context) error {
 		return r.inner.Complete(ctx, key, token, resp, now, retention)
 	}, func(*output) {})
+	if t := traceFrom(ctx); t != nil && errors.Is(err, idempotency.ErrLeaseLost) {
+		t.mu.Lock()
+		t.completeLost = true
+		t.mu.Unlock()
+	}
 	return err
 }
 

@@ -1,0 +1,23 @@
+package main
+
+import (
+	"regexp"
+	"testing"
+
+	"github.com/archlab/idempotency/internal/demo"
+)
+
+// A store that keeps nothing across a restart of the server (the memory
+// store, here) passes the store certification, which never restarts
+// anything, and must fail the demo that -store runs after it: the server
+// killed and restarted on it runs answered keys again instead of
+// replaying them.
+func TestReviewStoreLosingResultsOnRestart(t *testing.T) {
+	code, out, errOut := runCmd(t, "-store", "memory", "-duration", "3s", "-seed", "5")
+	if code != exitFail {
+		t.Fatalf("exit %d for a store that forgets every result on a restart, want 1\nstdout:\n%s\nstderr:\n%s", code, out, errOut)
+	}
+	if !regexp.MustCompile(`(?m)^` + regexp.QuoteMeta(demo.CheckReplay) + `\s+FAILED`).MatchString(out) {
+		t.Errorf("%q did not fail:\n%s", demo.CheckReplay, out)
+	}
+}
