@@ -165,23 +165,12 @@ func TestReviewCampaignAloneFindsStaleRenewAndRelease(t *testing.T) {
 		{"releases for a stale holder", releaseAnyToken{idempotency.NewMemoryStore()}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			tgt := &target{desc: "a store that " + tc.name, contract: idempotency.NewMemoryStore(),
-				campaign: func(_ context.Context, seed int64) (*faulty, error) {
-					f := injected(tc.store, nopCloser{}, seed, false)
-					f.phases = nil
-					return f, nil
-				}}
-			opts, progress := testOptions()
-			opts.Duration = 3 * time.Second
-			rep := verdict.New()
-			if err := certify(context.Background(), tgt, opts, rep); err != nil {
-				t.Fatal(err)
-			}
+			rep, progress, seed := certifyUnfaulted(t, "a store that "+tc.name, tc.store, idempotency.NewMemoryStore())
 			if rep.OK() {
-				t.Errorf("the campaign passed a store that %s (seed %d):\n%s\nprogress:\n%s", tc.name, opts.Seed, report(rep), progress)
+				t.Errorf("the campaign passed a store that %s (seed %d):\n%s\nprogress:\n%s", tc.name, seed, report(rep), progress)
 				return
 			}
-			t.Logf("seed %d:\n%s", opts.Seed, report(rep))
+			t.Logf("seed %d:\n%s", seed, report(rep))
 		})
 	}
 }

@@ -133,20 +133,9 @@ func (s staleComplete) Complete(ctx context.Context, key string, token uint64, r
 
 func TestBrokenStoreFails(t *testing.T) {
 	s := staleComplete{idempotency.NewMemoryStore()}
-	tgt := &target{desc: "a store whose Complete ignores the token", contract: s,
-		campaign: func(_ context.Context, seed int64) (*faulty, error) {
-			f := injected(s, nopCloser{}, seed, false)
-			// No faults: the worker mix alone (unrenewed holders that
-			// outlive their lease) must find the bug.
-			f.phases = nil
-			return f, nil
-		}}
-	opts, progress := testOptions()
-	opts.Duration = 3 * time.Second
-	rep := verdict.New()
-	if err := certify(context.Background(), tgt, opts, rep); err != nil {
-		t.Fatal(err)
-	}
+	// No faults: the worker mix alone (unrenewed holders that outlive
+	// their lease) must find the bug.
+	rep, progress, seed := certifyUnfaulted(t, "a store whose Complete ignores the token", s, s)
 	if rep.OK() {
 		t.Fatalf("the report passed a store whose Complete ignores the token:\n%s", report(rep))
 	}
@@ -165,9 +154,9 @@ func TestBrokenStoreFails(t *testing.T) {
 	// The contract's clause alone is not enough: the campaign must find
 	// the bug by itself, from unrenewed holders taken over while they run.
 	if !campaignFailed {
-		t.Errorf("no campaign check failed on a store whose Complete ignores the token (seed %d):\n%s", opts.Seed, report(rep))
+		t.Errorf("no campaign check failed on a store whose Complete ignores the token (seed %d):\n%s", seed, report(rep))
 	}
-	t.Logf("seed %d:\n%s\nprogress:\n%s", opts.Seed, report(rep), progress)
+	t.Logf("seed %d:\n%s\nprogress:\n%s", seed, report(rep), progress)
 }
 
 type nopCloser struct{}
@@ -338,4 +327,24 @@ func TestCampaignFlagsViolation(t *testing.T) {
 	if rep.OK() || !strings.Contains(out, checkLinearHist) || !strings.Contains(out, ".html") {
 		t.Fatalf("report of a double claim:\n%s", out)
 	}
+}
+
+// certifyUnfaulted certifies store for 3 s with a campaign that injects no
+// faults (the worker mix alone), the contract clauses running on contract,
+// and returns the report, the campaign's progress and its seed.
+func certifyUnfaulted(t *testing.T, desc string, store, contract idempotency.Store) (*verdict.Report, *syncWriter, int64) {
+	t.Helper()
+	tgt := &target{desc: desc, contract: contract,
+		campaign: func(_ context.Context, seed int64) (*faulty, error) {
+			f := injected(store, nopCloser{}, seed, false)
+			f.phases = nil
+			return f, nil
+		}}
+	opts, progress := testOptions()
+	opts.Duration = 3 * time.Second
+	rep := verdict.New()
+	if err := certify(context.Background(), tgt, opts, rep); err != nil {
+		t.Fatal(err)
+	}
+	return rep, progress, opts.Seed
 }
