@@ -229,7 +229,7 @@ func (opts *Options) resolve() (Options, error) {
 func newStore(db *bolt.DB, o Options) (*Store, error) {
 	s := &Store{db: db, name: []byte(o.Bucket), maxBatch: o.MaxBatchSize, batchDelay: o.MaxBatchDelay,
 		sweepPerWrite: o.SweepPerWrite, sweepBatch: o.SweepBatch,
-		reqs: make(chan *op), quit: make(chan struct{}), loopDone: make(chan struct{})}
+		reqs: make(chan *op, min(o.MaxBatchSize, 1024)), quit: make(chan struct{}), loopDone: make(chan struct{})}
 	err := db.Update(func(tx *bolt.Tx) error {
 		top, err := tx.CreateBucketIfNotExists(s.name)
 		if err != nil {
@@ -455,8 +455,11 @@ type pendingCommit struct {
 // to new read transactions as soon as it has written its meta page, before
 // syncing it: a snapshot of the commit under way is not used, read waits
 // for that commit and reads again, so that no answer rests on a write a
-// power cut could still undo.
-func (s *Store) read(ctx context.Context, key string) (cur rec, found bool, err error) {
+// power cut could still undo. Unless unsynced, given the snapshot's
+// answer, says it is fine as it is: peek, about to leave the decision to a
+// write (which the committer orders after the commit under way), need not
+// wait.
+func (s *Store) read(ctx context.Context, key string, unsynced func(cur rec, found bool) bool) (cur rec, found bool, err error) {
 	for {
 		var txid int
 		err = s.db.View(func(tx *bolt.Tx) error {
@@ -472,7 +475,7 @@ func (s *Store) read(ctx context.Context, key string) (cur rec, found bool, err 
 		// it, after pending was set: a snapshot of the commit under way
 		// finds it here.
 		p := s.pending.Load()
-		if err != nil || p == nil || p.txid != txid {
+		if err != nil || p == nil || p.txid != txid || unsynced != nil && unsynced(cur, found) {
 			return cur, found, err
 		}
 		select {
@@ -510,7 +513,16 @@ func (s *Store) peek(ctx context.Context, key, fingerprint string, n int64) (ide
 	if s.closed.Load() {
 		return idempotency.Record{}, false, fmt.Errorf("boltstore: begin: %w: %w", idempotency.ErrUnavailable, errClosed)
 	}
-	cur, found, err := s.read(ctx, key)
+	// A snapshot that says "claim" is not an answer: the claim's write
+	// decides again after the commit under way, so it need not be synced,
+	// and the write queues at once instead of a commit later.
+	cur, found, err := s.read(ctx, key, func(cur rec, found bool) bool {
+		if !found {
+			return true
+		}
+		_, ok := answer(cur, n, fingerprint)
+		return !ok
+	})
 	if err != nil {
 		return idempotency.Record{}, false, fmt.Errorf("boltstore: begin: %w: %w", idempotency.ErrUnavailable, err)
 	}
@@ -617,7 +629,7 @@ func (s *Store) Get(ctx context.Context, key string, now time.Time) (idempotency
 	if len(key) > maxKeyLen {
 		return idempotency.Record{}, fmt.Errorf("boltstore: get %q: %w", key, idempotency.ErrNotFound)
 	}
-	cur, found, err := s.read(ctx, key)
+	cur, found, err := s.read(ctx, key, nil)
 	if err != nil {
 		return idempotency.Record{}, fmt.Errorf("boltstore: get: %w: %w", idempotency.ErrUnavailable, err)
 	}
@@ -732,6 +744,14 @@ func (s *Store) write(ctx context.Context, name string, fn func(buckets) error) 
 	case <-ctx.Done():
 		// The write may be in the transaction being committed.
 		return fmt.Errorf("boltstore: %s: %w: %w", name, idempotency.ErrUnavailable, ctx.Err())
+	case <-s.loopDone:
+		// The committer stopped: it closes done for every write it took
+		// (and for those left queued), so one not done was never applied.
+		select {
+		case <-o.done:
+		default:
+			return fmt.Errorf("boltstore: %s: %w: %w", name, idempotency.ErrUnavailable, errClosed)
+		}
 	}
 	if o.err != nil {
 		return fmt.Errorf("boltstore: %s: %w: %w", name, idempotency.ErrUnavailable, o.err)
@@ -755,6 +775,7 @@ func (s *Store) loop() {
 		case o := <-s.reqs:
 			batch = append(batch[:0], o)
 		case <-s.quit:
+			s.failQueued()
 			return
 		}
 		if s.batchDelay > 0 {
@@ -788,6 +809,20 @@ func (s *Store) loop() {
 		}
 		s.commit(batch)
 		clear(batch)
+	}
+}
+
+// failQueued fails the writes left in the queue when the committer stops.
+// A write queued after this finds the committer gone (see write).
+func (s *Store) failQueued() {
+	for {
+		select {
+		case o := <-s.reqs:
+			o.err = errClosed
+			close(o.done)
+		default:
+			return
+		}
 	}
 }
 

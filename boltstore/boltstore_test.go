@@ -584,3 +584,107 @@ func TestReadWaitsForCommit(t *testing.T) {
 		t.Errorf("Begin after the commit = %+v, %v, %v; want the Done record replayed", got, ok, err)
 	}
 }
+
+// holdCommit starts a write of key that stays in its commit, after the
+// meta page is synced and before Update returns, until release is called:
+// the commit under way that reads see but must not answer from.
+func holdCommit(t *testing.T, s *Store, key string) (release func() error) {
+	t.Helper()
+	committing, finish := make(chan struct{}), make(chan struct{})
+	errc := make(chan error, 1)
+	go func() {
+		errc <- s.write(ctx, "hold", func(b buckets) error {
+			r := rec{state: stateDone, token: 1, expiresAt: unixNano(t0.Add(retention)), fp: "fp"}
+			if err := b.put(key, &r, 0, false); err != nil {
+				return err
+			}
+			b.recs.Tx().OnCommit(func() {
+				close(committing)
+				<-finish
+			})
+			return nil
+		})
+	}()
+	<-committing
+	return func() error {
+		close(finish)
+		return <-errc
+	}
+}
+
+// A Begin that will claim does not wait for the commit under way before
+// queueing its write: only answers (replays, conflicts, in flight) must
+// rest on a synced snapshot. Before, a new key waited a whole commit in its
+// read and then another for its own write.
+func TestClaimQueuesDuringCommit(t *testing.T) {
+	s := openTest(t, nil)
+	release := holdCommit(t, s, "held")
+	type answer struct {
+		claimed bool
+		err     error
+	}
+	got := make(chan answer, 1)
+	go func() {
+		_, claimed, err := s.Begin(ctx, "new", "fp", t0, lease, retention)
+		got <- answer{claimed, err}
+	}()
+	queued := false
+	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(time.Millisecond) {
+		if len(s.reqs) == 1 {
+			queued = true
+			break
+		}
+	}
+	if err := release(); err != nil {
+		t.Fatal(err)
+	}
+	if !queued {
+		t.Error("a claiming Begin did not queue its write while a commit was under way")
+	}
+	if a := <-got; a.err != nil || !a.claimed {
+		t.Errorf("Begin(new) = %v, %v; want a claim", a.claimed, a.err)
+	}
+	// The held record is answered once synced.
+	if rec, ok, err := s.Begin(ctx, "held", "fp", t0, lease, retention); err != nil || ok || rec.State != idempotency.Done {
+		t.Errorf("Begin(held) = %+v, %v, %v; want a replay", rec, ok, err)
+	}
+}
+
+// Writes still queued when the committer stops get an answer: applied, or
+// ErrUnavailable; none waits forever.
+func TestCloseAnswersQueuedWrites(t *testing.T) {
+	s := openTest(t, nil)
+	release := holdCommit(t, s, "held")
+	const n = 8
+	errc := make(chan error, n)
+	for i := range n {
+		go func() {
+			_, _, err := s.Begin(ctx, fmt.Sprint("k", i), "fp", t0, lease, retention)
+			errc <- err
+		}()
+	}
+	for deadline := time.Now().Add(5 * time.Second); len(s.reqs) < n && time.Now().Before(deadline); {
+		time.Sleep(time.Millisecond)
+	}
+	closed := make(chan error, 1)
+	go func() { closed <- s.Close() }()
+	for !s.closed.Load() {
+		time.Sleep(time.Millisecond)
+	}
+	if err := release(); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-closed; err != nil {
+		t.Fatal(err)
+	}
+	for range n {
+		select {
+		case err := <-errc:
+			if err != nil && !errors.Is(err, idempotency.ErrUnavailable) {
+				t.Errorf("Begin queued at Close: %v", err)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatal("a Begin queued at Close got no answer")
+		}
+	}
+}
