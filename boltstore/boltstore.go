@@ -455,11 +455,11 @@ type pendingCommit struct {
 // to new read transactions as soon as it has written its meta page, before
 // syncing it: a snapshot of the commit under way is not used, read waits
 // for that commit and reads again, so that no answer rests on a write a
-// power cut could still undo. Unless unsynced, given the snapshot's
+// power cut could still undo. Unless useUnsynced, given the snapshot's
 // answer, says it is fine as it is: peek, about to leave the decision to a
 // write (which the committer orders after the commit under way), need not
 // wait.
-func (s *Store) read(ctx context.Context, key string, unsynced func(cur rec, found bool) bool) (cur rec, found bool, err error) {
+func (s *Store) read(ctx context.Context, key string, useUnsynced func(cur rec, found bool) bool) (cur rec, found bool, err error) {
 	for {
 		var txid int
 		err = s.db.View(func(tx *bolt.Tx) error {
@@ -475,7 +475,7 @@ func (s *Store) read(ctx context.Context, key string, unsynced func(cur rec, fou
 		// it, after pending was set: a snapshot of the commit under way
 		// finds it here.
 		p := s.pending.Load()
-		if err != nil || p == nil || p.txid != txid || unsynced != nil && unsynced(cur, found) {
+		if err != nil || p == nil || p.txid != txid || useUnsynced != nil && useUnsynced(cur, found) {
 			return cur, found, err
 		}
 		select {
@@ -617,8 +617,9 @@ func (s *Store) Delete(ctx context.Context, key string) error {
 	})
 }
 
-// Get implements idempotency.Store. It reads a snapshot (db.View) and does
-// not wait for the committer.
+// Get implements idempotency.Store. It reads a snapshot (db.View) without
+// queueing behind the writes, though, like Begin's answers, it waits for a
+// commit under way to be synced rather than answer from it.
 func (s *Store) Get(ctx context.Context, key string, now time.Time) (idempotency.Record, error) {
 	if err := ctx.Err(); err != nil {
 		return idempotency.Record{}, fmt.Errorf("boltstore: get: %w", err)
