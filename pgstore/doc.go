@@ -58,6 +58,11 @@
 // statement aborts the caller's transaction; it wraps ErrUnavailable too,
 // and the caller retries the whole transaction.
 //
+// Keys and fingerprints are bytes: NUL and invalid UTF-8 are kept. A key
+// must fit the primary key's index, about 2.7 kB after compression; a
+// longer one fails with ErrUnavailable (SQLSTATE 54000) every time, so
+// bound keys before they reach the store (idemhttp accepts 255 bytes).
+//
 // Options.OpTimeout (default 5s) bounds every operation, retries included,
 // whatever its ctx: the Guard stores results with a ctx that is never
 // cancelled, so without a bound a server that stopped answering would hold

@@ -20,8 +20,8 @@ var migrations embed.FS
 
 // Migrate brings the schema to the latest version. It is idempotent and
 // safe to run from several processes at once: each migration runs in its
-// own transaction, under a transaction advisory lock on the table's name,
-// after re-reading the version under that lock.
+// own transaction, under transaction advisory locks on the schema's and
+// the table's names, after re-reading the version under them.
 func (s *Store) Migrate(ctx context.Context) error {
 	steps, err := s.migrationSteps()
 	if err != nil {
@@ -85,6 +85,12 @@ func (s *Store) migrateOne(ctx context.Context, steps []string) (done bool, err 
 			err = errors.Join(err, tx.Rollback(context.WithoutCancel(ctx)))
 		}
 	}()
+	// The schema's lock first: stores with other tables in the same schema
+	// take it too, so that only one of them creates a missing schema (two
+	// CREATE SCHEMA at once fail on pg_namespace's unique index).
+	if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock($1)", advisoryKey(s.schema, "")); err != nil {
+		return false, err
+	}
 	if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock($1)", s.lockKey); err != nil {
 		return false, err
 	}
@@ -100,10 +106,18 @@ func (s *Store) migrateOne(ctx context.Context, steps []string) (done bool, err 
 			return false, err
 		}
 	}
-	if _, err := tx.Exec(ctx, s.names.Replace(`CREATE TABLE IF NOT EXISTS {{versions}} (
+	// Likewise CREATE TABLE IF NOT EXISTS checks CREATE on the schema: an
+	// application role that may only use the migrated schema must still be
+	// able to run Migrate at startup.
+	if err := tx.QueryRow(ctx, "SELECT to_regclass($1) IS NULL", s.names.Replace("{{versions}}")).Scan(&missing); err != nil {
+		return false, err
+	}
+	if missing {
+		if _, err := tx.Exec(ctx, s.names.Replace(`CREATE TABLE {{versions}} (
 		version    integer     PRIMARY KEY,
 		applied_at timestamptz NOT NULL DEFAULT now())`)); err != nil {
-		return false, err
+			return false, err
+		}
 	}
 	var current int
 	if err := tx.QueryRow(ctx, s.names.Replace("SELECT coalesce(max(version), 0) FROM {{versions}}")).Scan(&current); err != nil {
@@ -125,7 +139,8 @@ func (s *Store) migrateOne(ctx context.Context, steps []string) (done bool, err 
 	return current+1 >= len(steps), nil
 }
 
-// advisoryKey names the table for pg_advisory_xact_lock.
+// advisoryKey names the table, or with table "" the schema, for
+// pg_advisory_xact_lock.
 func advisoryKey(schema, table string) int64 {
 	h := fnv.New64a()
 	h.Write([]byte("pgstore\x00" + schema + "\x00" + table))
