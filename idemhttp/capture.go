@@ -44,6 +44,19 @@ type captureWriter struct {
 	// have stopped there, so the captured body may be cut short: it is
 	// not stored (result stores a marker instead).
 	cut bool
+	// sniff: net/http sniffs the Content-Type, which the handler left
+	// unset, from the first chunk it sends; firstChunk is the length of
+	// the body when a Flush sent that chunk (-1: no Flush yet).
+	sniff      bool
+	firstChunk int
+	// trailers are the Trailer field values when the status was sent:
+	// net/http ignores a declaration made later.
+	trailers []string
+	// chunking says whether HTTP/1.1 sends the body chunked, the only
+	// framing that carries trailers: 1 always (declared trailers, or a
+	// Transfer-Encoding), -1 never (a Content-Length, identity, no body),
+	// 0 if the header went out before the handler was done (see finish).
+	chunking int8
 }
 
 var (
@@ -58,6 +71,7 @@ func (cw *captureWriter) reset(w http.ResponseWriter, m *Middleware) {
 	cw.w, cw.m = w, m
 	cw.status = 0
 	cw.tooLarge, cw.hijacked, cw.keep, cw.aborted, cw.gone, cw.cut = false, false, false, false, false, false
+	cw.sniff, cw.firstChunk, cw.trailers, cw.chunking = false, -1, nil, 0
 	cw.body = cw.body[:0]
 	clear(cw.header)
 	clear(cw.outer)
@@ -74,6 +88,7 @@ func (cw *captureWriter) reset(w http.ResponseWriter, m *Middleware) {
 // release drops what the writer holds of the request before it is pooled.
 func (cw *captureWriter) release() {
 	cw.w, cw.m = nil, nil
+	cw.trailers = nil
 	clear(cw.header)
 	clear(cw.outer)
 	if cap(cw.body) > maxPooledBuffer {
@@ -97,6 +112,17 @@ func (cw *captureWriter) WriteHeader(code int) {
 	cw.status = code
 	h := cw.w.Header()
 	m := cw.m
+	_, haveType := h["Content-Type"]
+	cw.sniff = !haveType && code >= 200 && code != http.StatusNoContent && code != http.StatusNotModified &&
+		http.Header(h).Get("Content-Encoding") == "" && http.Header(h).Get("Transfer-Encoding") == ""
+	cw.trailers = h["Trailer"]
+	switch te := http.Header(h).Get("Transfer-Encoding"); {
+	case code < 200 || code == http.StatusNoContent || code == http.StatusNotModified,
+		http.Header(h).Get("Content-Length") != "" || te == "identity":
+		cw.chunking = -1
+	case te != "" || len(cw.trailers) > 0:
+		cw.chunking = 1
+	}
 	for k, v := range h {
 		if ov, ok := cw.outer[k]; ok && slices.Equal(ov, v) {
 			continue // an outer handler's field, as it set it
@@ -264,6 +290,9 @@ func (cw *captureWriter) FlushError() error {
 		return nil
 	}
 	err := http.NewResponseController(cw.w).Flush()
+	if err == nil && cw.firstChunk < 0 {
+		cw.firstChunk = len(cw.body)
+	}
 	if err != nil && !errors.Is(err, http.ErrNotSupported) && cw.detached() {
 		return nil
 	}
@@ -286,16 +315,27 @@ func (cw *captureWriter) Hijack() (net.Conn, *bufio.ReadWriter, error) {
 func (cw *captureWriter) Unwrap() http.ResponseWriter { return cw.w }
 
 // finish completes the capture after the handler returned: the implicit 200
-// of a handler that wrote nothing, and the trailers.
-func (cw *captureWriter) finish() {
+// of a handler that wrote nothing, and the trailers, if r's response could
+// carry them.
+func (cw *captureWriter) finish(r *http.Request) {
 	if cw.hijacked {
 		return
 	}
 	if cw.status == 0 {
 		cw.WriteHeader(http.StatusOK)
 	}
+	if r.ProtoMajor < 2 {
+		// net/http sends HTTP/1 trailers only in a chunked body; it sets
+		// a Content-Length instead when the handler was done before the
+		// header went out (no Flush, and a body that fit its 2 KiB
+		// buffer). Trailers the client did not get are not replayed.
+		chunked := cw.chunking > 0 || (cw.chunking == 0 && (cw.firstChunk >= 0 || len(cw.body) > 2048))
+		if !chunked || !r.ProtoAtLeast(1, 1) {
+			return
+		}
+	}
 	h := cw.w.Header()
-	for _, decl := range h["Trailer"] {
+	for _, decl := range cw.trailers {
 		for name := range strings.SplitSeq(decl, ",") {
 			name = textproto.CanonicalMIMEHeaderKey(strings.TrimSpace(name))
 			if v, ok := h[name]; ok && name != "" {

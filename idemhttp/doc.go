@@ -21,9 +21,10 @@
 // The fingerprint is the hex SHA-256 of the method, the path as sent, the
 // query with its pairs decoded and sorted by name (values of one name keep
 // their order), the Options.FingerprintHeaders (Content-Type) and the body.
-// The body is read (up to Options.MaxBody, else 413) before the handler
-// runs and handed to it again. The same key for another request, another
-// path included, is a conflict (422, or 409), never a replay.
+// The body is read (up to Options.MaxBody, or an outer
+// http.MaxBytesReader's limit, else 413) before the handler runs and handed
+// to it again. The same key for another request, another path included, is
+// a conflict (422, or 409), never a replay.
 //
 // # Outcomes
 //
@@ -60,10 +61,12 @@
 // WriteHeader), io.Copy through ReadFrom, Flush, repeated WriteHeader (the
 // first final status counts), 1xx informational responses (sent, not
 // stored) and trailers (declared with the Trailer header or set with
-// http.TrailerPrefix); they are replayed as trailers. http.ResponseController
-// reaches the underlying writer through Unwrap. Hijack is passed through; a
-// hijacked connection cannot be replayed, so its key is released when the
-// handler returns and a retry runs again.
+// http.TrailerPrefix); those the client got (HTTP/1 sends them only in a
+// chunked body) are replayed as trailers. A Content-Type that net/http
+// sniffed from a first chunk cut short by Flush is stored as sent.
+// http.ResponseController reaches the underlying writer through Unwrap.
+// Hijack is passed through; a hijacked connection cannot be replayed, so its
+// key is released when the handler returns and a retry runs again.
 //
 // A response body larger than Options.MaxStoredResponse is delivered in
 // full, and a marker is stored instead: a retry gets 409

@@ -495,9 +495,14 @@ func (m *Middleware) serve(next http.Handler, w http.ResponseWriter, r *http.Req
 	body, err := st.readBody(r, m.maxBody)
 	if err != nil {
 		p, o := ProblemBodyUnreadable, BadRequest
-		if errors.Is(err, errBodyTooLarge) {
+		var outer *http.MaxBytesError // an outer http.MaxBytesReader's limit
+		switch {
+		case errors.Is(err, errBodyTooLarge):
 			p, o = ProblemBodyTooLarge, TooLarge
 			p.Detail = "the body exceeds " + strconv.FormatInt(m.maxBody, 10) + " bytes"
+		case errors.As(err, &outer):
+			p, o = ProblemBodyTooLarge, TooLarge
+			p.Detail = "the body exceeds " + strconv.FormatInt(outer.Limit, 10) + " bytes"
 		}
 		WriteProblem(w, p)
 		st.release()
@@ -621,7 +626,7 @@ func (m *Middleware) serve(next http.Handler, w http.ResponseWriter, r *http.Req
 // result turns the captured response into what the Guard stores, or into
 // an error that tells the Guard not to store it.
 func (m *Middleware) result(cw *captureWriter, r *http.Request) (idempotency.Response, error) {
-	cw.finish()
+	cw.finish(r)
 	if cw.hijacked {
 		return idempotency.Response{}, idempotency.Retryable(errHijacked)
 	}
@@ -641,6 +646,17 @@ func (m *Middleware) result(cw *captureWriter, r *http.Request) (idempotency.Res
 	}
 	if cw.cut {
 		return idempotency.Response{Status: cw.status, Header: cutMarker}, nil
+	}
+	if cw.sniff && cw.firstChunk >= 0 && cw.firstChunk < min(len(cw.body), 512) && m.storable("Content-Type") {
+		// A Flush sent a first chunk shorter than net/http's sniffing
+		// window: the type the client got was sniffed from it (none from
+		// an empty one, which a nil value keeps on replay), whereas the
+		// replay, written at once, would be sniffed from more.
+		var ct []string
+		if cw.firstChunk > 0 {
+			ct = []string{http.DetectContentType(cw.body[:cw.firstChunk])}
+		}
+		cw.header["Content-Type"] = ct
 	}
 	return idempotency.Response{Status: cw.status, Header: cw.header, Body: cw.body}, nil
 }
