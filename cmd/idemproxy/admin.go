@@ -2,9 +2,11 @@ package main
 
 import (
 	"context"
+	"crypto/rand"
 	"encoding/json"
 	"errors"
 	"net/http"
+	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -19,23 +21,36 @@ import (
 //	GET    /readyz                   the store answers (503 otherwise)
 //	GET    /metrics                  Prometheus metrics
 //	GET    /keys/{key}?scope=S       the record of a key (404 if none)
-//	DELETE /keys/{key}?scope=S       evict a key in any state
-//	POST   /keys/{key}/release?scope=S  give an in-flight claim back
+//	DELETE /keys/{key}?scope=S       evict a key in any state (404 if none)
+//	POST   /keys/{key}/release?scope=S[&force=true]  give an in-flight claim back
 //
 // {key} is the client's Idempotency-Key, quoted or bare as in the header
 // (URL-escaped), and S the scope the proxy derived
 // for the request (see -scope-header); storeKey (idemhttp.StoreKey) joins them as the
-// middleware does. The admin address must not be exposed to clients.
-func adminHandler(store idempotency.Store, m *metrics, storeKey func(scope, key string) string, now func() time.Time) http.Handler {
+// middleware does. A claim whose request this process is still running
+// upstream (run) is released only with force=true. The admin address must
+// not be exposed to clients.
+func adminHandler(store idempotency.Store, m *metrics, storeKey func(scope, key string) string, now func() time.Time,
+	run *runningSet) http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
 	})
+	// The probe claims and releases a key, as a guarded request does: a
+	// store that still reads but refuses writes (out of memory, a replica
+	// or standby after a failover) answers every request 503. The key is
+	// new each time, since Redis lets a script that found a record (a
+	// release's tombstone) write on past maxmemory; it holds no NUL, so no
+	// request's key (scope, NUL, key) is ever it.
 	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) {
 		ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
 		defer cancel()
-		_, err := store.Get(ctx, "idemproxy-readiness-probe", now())
-		if err != nil && !errors.Is(err, idempotency.ErrNotFound) {
+		probeKey := "idemproxy-readiness-probe:" + rand.Text()
+		rec, claimed, err := store.Begin(ctx, probeKey, "readyz", now(), 10*time.Second, time.Minute)
+		if err == nil && claimed {
+			err = store.Release(ctx, probeKey, rec.Token)
+		}
+		if err != nil {
 			writeJSON(w, http.StatusServiceUnavailable, map[string]string{"status": "store unavailable", "error": err.Error()})
 			return
 		}
@@ -70,7 +85,7 @@ func adminHandler(store idempotency.Store, m *metrics, storeKey func(scope, key 
 		if !ok {
 			return
 		}
-		if err := store.Delete(r.Context(), k); err != nil {
+		if err := deleteKey(r.Context(), store, k, now()); err != nil {
 			writeStoreError(w, err)
 			return
 		}
@@ -81,7 +96,7 @@ func adminHandler(store idempotency.Store, m *metrics, storeKey func(scope, key 
 		if !ok {
 			return
 		}
-		if err := releaseKey(r.Context(), store, k, now()); err != nil {
+		if err := releaseKey(r.Context(), store, k, now(), run, r.URL.Query().Get("force") == "true"); err != nil {
 			writeStoreError(w, err)
 			return
 		}
@@ -91,8 +106,11 @@ func adminHandler(store idempotency.Store, m *metrics, storeKey func(scope, key 
 }
 
 // releaseKey gives back the current claim of an in-flight key. A key that
-// is done cannot be released (delete it instead).
-func releaseKey(ctx context.Context, store idempotency.Store, key string, now time.Time) error {
+// is done cannot be released (delete it instead). Unless force is set, nor
+// can a claim whose request run (nil: none) says is still under way here:
+// a retry would run the operation again beside it, and the running one
+// would lose its lease and have its upstream call cancelled mid-flight.
+func releaseKey(ctx context.Context, store idempotency.Store, key string, now time.Time, run *runningSet, force bool) error {
 	rec, err := store.Get(ctx, key, now)
 	if err != nil {
 		return err
@@ -100,10 +118,81 @@ func releaseKey(ctx context.Context, store idempotency.Store, key string, now ti
 	if rec.State != idempotency.Processing {
 		return errNotInFlight
 	}
+	if !force && run.has(key, rec.Token) {
+		return errRunningHere
+	}
 	return store.Release(ctx, key, rec.Token)
 }
 
-var errNotInFlight = errors.New("key is not in flight (use delete to evict a stored result)")
+// deleteKey evicts key, or returns ErrNotFound if it has no live record
+// (a mistyped key or scope must not look evicted).
+func deleteKey(ctx context.Context, store idempotency.Store, key string, now time.Time) error {
+	if _, err := store.Get(ctx, key, now); err != nil {
+		return err
+	}
+	return store.Delete(ctx, key)
+}
+
+var (
+	errNotInFlight = errors.New("key is not in flight (use delete to evict a stored result)")
+	errRunningHere = errors.New("the key's request is still running upstream in this proxy; " +
+		"releasing it lets a retry run it again meanwhile (add ?force=true to release anyway)")
+)
+
+// runningSet holds the guarded requests this process is running upstream
+// now, with their claims' fencing tokens. Tracking costs a map insert and
+// delete per request; the stored key is worked out only when an operator
+// asks (has), from the few requests whose token matches.
+type runningSet struct {
+	scope func(*http.Request) string
+	mu    sync.Mutex
+	m     map[*http.Request]uint64
+}
+
+func newRunningSet(scope func(*http.Request) string) *runningSet {
+	return &runningSet{scope: scope, m: make(map[*http.Request]uint64)}
+}
+
+// track returns next recording each guarded request (one that the
+// middleware runs with a fencing token) while it runs.
+func (s *runningSet) track(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		token, ok := idempotency.TokenFrom(r.Context())
+		if !ok {
+			next.ServeHTTP(w, r)
+			return
+		}
+		s.mu.Lock()
+		s.m[r] = token
+		s.mu.Unlock()
+		defer func() {
+			s.mu.Lock()
+			delete(s.m, r)
+			s.mu.Unlock()
+		}()
+		next.ServeHTTP(w, r)
+	})
+}
+
+// has reports whether the claim of key with token is running here.
+func (s *runningSet) has(key string, token uint64) bool {
+	if s == nil {
+		return false
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for r, t := range s.m {
+		if t != token {
+			continue
+		}
+		// The request's header is only read, here as by the proxy (which
+		// sends a clone).
+		if k, err := idemhttp.ParseKey(r.Header["Idempotency-Key"]); err == nil && idemhttp.StoreKey(s.scope(r), k) == key {
+			return true
+		}
+	}
+	return false
+}
 
 type recordJSON struct {
 	State       idempotency.State `json:"state"`
@@ -129,7 +218,7 @@ func writeStoreError(w http.ResponseWriter, err error) {
 	switch {
 	case errors.Is(err, idempotency.ErrNotFound):
 		writeJSON(w, http.StatusNotFound, map[string]string{"error": "no live record for this key"})
-	case errors.Is(err, errNotInFlight):
+	case errors.Is(err, errNotInFlight), errors.Is(err, errRunningHere):
 		writeJSON(w, http.StatusConflict, map[string]string{"error": err.Error()})
 	case errors.Is(err, idempotency.ErrLeaseLost):
 		writeJSON(w, http.StatusConflict, map[string]string{"error": "the claim changed meanwhile; look again"})

@@ -122,6 +122,10 @@ func serve(ctx context.Context, cfg *config, log *slog.Logger) error {
 			log.Error("closing the store", "error", err)
 		}
 	}()
+	if sw, ok := store.(sweeper); ok {
+		// Stopped before the store is closed (defers run last first).
+		defer startSweeper(sw, sweepEvery(cfg.retention), sweepLimit, log)()
+	}
 	m := newMetrics()
 	timed := timedStore{Store: store, m: m}
 	guard, err := idempotency.NewGuard(timed, &idempotency.Options{
@@ -146,7 +150,12 @@ func serve(ctx context.Context, cfg *config, log *slog.Logger) error {
 		return fmt.Errorf("%w: %w", errUsage, err)
 	}
 	proxy := newReverseProxy(cfg.upstream, cfg.upstreamTimeout, log)
-	guarded := mw.Handler(proxy)
+	runScope := scope
+	if runScope == nil {
+		runScope = idemhttp.DefaultScope
+	}
+	running := newRunningSet(runScope)
+	guarded := mw.Handler(running.track(proxy))
 	handler := m.countInFlight(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if (r.Method != http.MethodPost && r.Method != http.MethodPatch) ||
 			(len(r.Header["Idempotency-Key"]) == 0 && !cfg.requireKey) {
@@ -169,7 +178,7 @@ func serve(ctx context.Context, cfg *config, log *slog.Logger) error {
 			ln.Close()
 			return fmt.Errorf("-admin: %w", err)
 		}
-		adminSrv = &http.Server{Handler: adminHandler(timed, m, idemhttp.StoreKey, time.Now), ReadHeaderTimeout: 10 * time.Second}
+		adminSrv = &http.Server{Handler: adminHandler(timed, m, idemhttp.StoreKey, time.Now, running), ReadHeaderTimeout: 10 * time.Second}
 	}
 	errc := make(chan error, 2)
 	go func() { errc <- srv.Serve(ln) }()
@@ -203,6 +212,59 @@ func serve(ctx context.Context, cfg *config, log *slog.Logger) error {
 	}
 	log.Info("stopped")
 	return nil
+}
+
+// sweeper is a store whose expired records stay until Sweep deletes them
+// (pgstore: nothing else ever does; boltstore: only writes sweep a few).
+type sweeper interface {
+	Sweep(ctx context.Context, now time.Time, limit int) (int, error)
+}
+
+// sweepEvery is how often the sweeper runs: often enough that records do
+// not outlive the retention by much, at most once a second.
+func sweepEvery(retention time.Duration) time.Duration {
+	return min(max(retention/4, time.Second), time.Minute)
+}
+
+// sweepLimit bounds one round; the rest waits for the next.
+const sweepLimit = 10000
+
+// startSweeper sweeps s every interval, in rounds of at most limit records,
+// until the returned function is called; that function returns once no
+// Sweep is under way.
+func startSweeper(s sweeper, every time.Duration, limit int, log *slog.Logger) (stop func()) {
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		t := time.NewTicker(every)
+		defer t.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+			}
+			// Rounds of limit until the backlog is gone, so that a window
+			// filling faster than limit records per interval is kept
+			// up with; each round is a few short transactions.
+			for {
+				sctx, scancel := context.WithTimeout(ctx, 30*time.Second)
+				n, err := s.Sweep(sctx, time.Now(), limit)
+				scancel()
+				if err != nil && ctx.Err() == nil {
+					log.Warn("sweeping expired records", "removed", n, "error", err)
+				}
+				if err != nil || n < limit || ctx.Err() != nil {
+					break
+				}
+			}
+		}
+	}()
+	return func() {
+		cancel()
+		<-done
+	}
 }
 
 // redactURL hides the secrets of a store or upstream URL for the logs and
@@ -296,12 +358,14 @@ func operate(ctx context.Context, cmd string, args []string, stdout, stderr io.W
 		enc.SetIndent("", "  ")
 		return enc.Encode(recordView(rec))
 	case "delete":
-		if err := store.Delete(ctx, key); err != nil {
+		if err := deleteKey(ctx, store, key, time.Now()); err != nil {
 			return err
 		}
 		fmt.Fprintln(stdout, "deleted")
 	case "release":
-		if err := releaseKey(ctx, store, key, time.Now()); err != nil {
+		// The command cannot know whether a proxy is running the key's
+		// request: that check is the admin API's.
+		if err := releaseKey(ctx, store, key, time.Now(), nil, true); err != nil {
 			return err
 		}
 		fmt.Fprintln(stdout, "released")
