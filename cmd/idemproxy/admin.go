@@ -7,6 +7,7 @@ import (
 	"errors"
 	"net/http"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -18,7 +19,7 @@ import (
 // adminHandler serves the operator endpoints:
 //
 //	GET    /healthz                  the process is up
-//	GET    /readyz                   the store answers (503 otherwise)
+//	GET    /readyz                   the store takes a write (503 otherwise, and once shutting down)
 //	GET    /metrics                  Prometheus metrics
 //	GET    /keys/{key}?scope=S       the record of a key (404 if none)
 //	DELETE /keys/{key}?scope=S       evict a key in any state (404 if none)
@@ -31,7 +32,7 @@ import (
 // upstream (run) is released only with force=true. The admin address must
 // not be exposed to clients.
 func adminHandler(store idempotency.Store, m *metrics, storeKey func(scope, key string) string, now func() time.Time,
-	run *runningSet) http.Handler {
+	run *runningSet, draining *atomic.Bool) http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
@@ -43,6 +44,11 @@ func adminHandler(store idempotency.Store, m *metrics, storeKey func(scope, key 
 	// release's tombstone) write on past maxmemory; it holds no NUL, so no
 	// request's key (scope, NUL, key) is ever it.
 	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) {
+		if draining != nil && draining.Load() {
+			// SIGTERM: the proxy no longer accepts requests.
+			writeJSON(w, http.StatusServiceUnavailable, map[string]string{"status": "shutting down"})
+			return
+		}
 		ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
 		defer cancel()
 		probeKey := "idemproxy-readiness-probe:" + rand.Text()

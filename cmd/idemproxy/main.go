@@ -60,6 +60,7 @@ import (
 	"os"
 	"os/signal"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -170,15 +171,18 @@ func serve(ctx context.Context, cfg *config, log *slog.Logger) error {
 	}
 	srv := &http.Server{Handler: handler, ReadHeaderTimeout: 10 * time.Second,
 		ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn)}
-	var adminSrv *http.Server
-	var adminLn net.Listener
+	var (
+		adminSrv *http.Server
+		adminLn  net.Listener
+		draining atomic.Bool // SIGTERM came: /readyz answers 503
+	)
 	if cfg.admin != "" {
 		adminLn, err = net.Listen("tcp", cfg.admin)
 		if err != nil {
 			ln.Close()
 			return fmt.Errorf("-admin: %w", err)
 		}
-		adminSrv = &http.Server{Handler: adminHandler(timed, m, idemhttp.StoreKey, time.Now, running), ReadHeaderTimeout: 10 * time.Second}
+		adminSrv = &http.Server{Handler: adminHandler(timed, m, idemhttp.StoreKey, time.Now, running, &draining), ReadHeaderTimeout: 10 * time.Second}
 	}
 	errc := make(chan error, 2)
 	go func() { errc <- srv.Serve(ln) }()
@@ -198,6 +202,7 @@ func serve(ctx context.Context, cfg *config, log *slog.Logger) error {
 		}
 		return fmt.Errorf("serve: %w", err)
 	}
+	draining.Store(true)
 	log.Info("shutting down: draining in-flight requests", "timeout", cfg.shutdown)
 	sctx, cancel := context.WithTimeout(context.Background(), cfg.shutdown)
 	defer cancel()

@@ -6,7 +6,9 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net/http"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -79,4 +81,45 @@ func (r *recordingSweeper) Sweep(ctx context.Context, now time.Time, limit int) 
 	default:
 	}
 	return n, err
+}
+
+// Once SIGTERM came, /readyz answers 503 while in-flight requests drain,
+// so that nothing routes new traffic to a proxy that no longer accepts it;
+// the request under way still completes and is stored.
+func TestReadyzFailsWhileDraining(t *testing.T) {
+	up := newUpstream(t)
+	p := startInproc(t, "-upstream", up.URL, "-store", "memory")
+	base := "http://" + p.admin
+	if r := get(t, base+"/readyz"); r.status != http.StatusOK {
+		t.Fatalf("/readyz before shutdown = %d %q", r.status, r.body)
+	}
+	held := make(chan reply, 1)
+	go func() {
+		r, _ := post(t, &http.Client{Timeout: 30 * time.Second}, p.proxy, "/block", "draining", "x")
+		held <- r
+	}()
+	for deadline := time.Now().Add(10 * time.Second); up.total.Load() == 0; time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the request never reached the upstream")
+		}
+	}
+	stopped := make(chan error, 1)
+	go func() { stopped <- p.stop() }()
+	var r reply
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+		r = get(t, base+"/readyz")
+		if r.status != http.StatusOK || time.Now().After(deadline) {
+			break
+		}
+	}
+	if r.status != http.StatusServiceUnavailable || !strings.Contains(r.body, "shutting down") {
+		t.Errorf("/readyz while draining = %d %q, want 503 shutting down", r.status, r.body)
+	}
+	up.open()
+	if got := <-held; got.status != http.StatusCreated {
+		t.Errorf("the request in flight at SIGTERM got %d %q, want 201", got.status, got.body)
+	}
+	if err := <-stopped; err != nil {
+		t.Fatal(err)
+	}
 }
