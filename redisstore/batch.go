@@ -28,8 +28,10 @@ import (
 //
 // A caller whose ctx ends before its batch goes out leaves it, never sent
 // (a caller handed the lead so passes it on to the next that stayed); once
-// its batch is on the wire it returns at its ctx's end like any call, and
-// the batch goes on (its write may or may not be applied). The batch's
+// its batch is on the wire it returns when the batch is answered or at its
+// ctx's end (the sender: at the batch's deadline, see the package doc on
+// cancellation), and the batch goes on (its write may or may not be
+// applied). The batch's
 // deadline is the latest of its members', so it never outlives the
 // operations in it; the caller that sends it may return that late. Should
 // a send panic, the panic goes up its sender's stack, the others get an

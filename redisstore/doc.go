@@ -106,4 +106,11 @@
 // or Release would find its own work done and answer ErrLeaseLost. Such a
 // call fails with ErrUnavailable instead. Failed dials, before anything was
 // sent, are still retried by the client's pool, and so are Get's reads.
+//
+// A cancelled ctx is noticed before a call is sent, and by a call waiting
+// in the batcher's queue; but go-redis bounds the I/O under way only by a
+// deadline, so a call already on the wire to a server that does not answer
+// returns at its deadline (OpTimeout at the latest, or ctx's own deadline
+// if earlier), not at the cancellation. Give ctx a deadline where that
+// matters.
 package redisstore
