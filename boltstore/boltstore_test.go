@@ -546,27 +546,15 @@ func TestReadWaitsForCommit(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	committing, finish := make(chan struct{}), make(chan struct{})
-	errc := make(chan error, 1)
-	go func() {
-		errc <- s.write(ctx, "complete", func(b buckets) error {
-			cur, _, err := b.get("k")
-			if err != nil {
-				return err
-			}
-			old := cur.expiresAt
-			cur.state, cur.leaseUntil = stateDone, 0
-			if err := b.put("k", &cur, old, true); err != nil {
-				return err
-			}
-			b.recs.Tx().OnCommit(func() {
-				close(committing)
-				<-finish
-			})
-			return nil
-		})
-	}()
-	<-committing
+	release := holdCommit(t, s, func(b buckets) error {
+		cur, _, err := b.get("k")
+		if err != nil {
+			return err
+		}
+		old := cur.expiresAt
+		cur.state, cur.leaseUntil = stateDone, 0
+		return b.put("k", &cur, old, true)
+	})
 	short, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
 	defer cancel()
 	if got, err := s.Get(short, "k", t0); err == nil {
@@ -575,8 +563,7 @@ func TestReadWaitsForCommit(t *testing.T) {
 	if got, _, err := s.Begin(short, "k", "fp", t0, lease, retention); err == nil {
 		t.Errorf("Begin answered %s from a commit under way", got.State)
 	}
-	close(finish)
-	if err := <-errc; err != nil {
+	if err := release(); err != nil {
 		t.Fatal(err)
 	}
 	got, ok, err := s.Begin(ctx, "k", "fp", t0, lease, retention)
@@ -585,17 +572,16 @@ func TestReadWaitsForCommit(t *testing.T) {
 	}
 }
 
-// holdCommit starts a write of key that stays in its commit, after the
-// meta page is synced and before Update returns, until release is called:
-// the commit under way that reads see but must not answer from.
-func holdCommit(t *testing.T, s *Store, key string) (release func() error) {
+// holdCommit starts the write fn that stays in its commit, after the meta
+// page is synced and before Update returns, until release is called: the
+// commit under way that reads see but must not answer from.
+func holdCommit(t *testing.T, s *Store, fn func(b buckets) error) (release func() error) {
 	t.Helper()
 	committing, finish := make(chan struct{}), make(chan struct{})
 	errc := make(chan error, 1)
 	go func() {
 		errc <- s.write(ctx, "hold", func(b buckets) error {
-			r := rec{state: stateDone, token: 1, expiresAt: unixNano(t0.Add(retention)), fp: "fp"}
-			if err := b.put(key, &r, 0, false); err != nil {
+			if err := fn(b); err != nil {
 				return err
 			}
 			b.recs.Tx().OnCommit(func() {
@@ -618,7 +604,7 @@ func holdCommit(t *testing.T, s *Store, key string) (release func() error) {
 // read and then another for its own write.
 func TestClaimQueuesDuringCommit(t *testing.T) {
 	s := openTest(t, nil)
-	release := holdCommit(t, s, "held")
+	release := holdCommit(t, s, putDone("held"))
 	type answer struct {
 		claimed bool
 		err     error
@@ -654,7 +640,7 @@ func TestClaimQueuesDuringCommit(t *testing.T) {
 // ErrUnavailable; none waits forever.
 func TestCloseAnswersQueuedWrites(t *testing.T) {
 	s := openTest(t, nil)
-	release := holdCommit(t, s, "held")
+	release := holdCommit(t, s, putDone("held"))
 	const n = 8
 	errc := make(chan error, n)
 	for i := range n {
@@ -686,5 +672,13 @@ func TestCloseAnswersQueuedWrites(t *testing.T) {
 		case <-time.After(10 * time.Second):
 			t.Fatal("a Begin queued at Close got no answer")
 		}
+	}
+}
+
+// putDone writes a done record of key, fingerprint "fp".
+func putDone(key string) func(b buckets) error {
+	return func(b buckets) error {
+		r := rec{state: stateDone, token: 1, expiresAt: unixNano(t0.Add(retention)), fp: "fp"}
+		return b.put(key, &r, 0, false)
 	}
 }

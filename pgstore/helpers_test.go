@@ -40,6 +40,25 @@ func testPool(t testing.TB, maxConns int32, tracer pgx.QueryTracer) *pgxpool.Poo
 	return pool
 }
 
+// execOnCleanup runs sql (cleaning up what a test made) when t ends, on a
+// connection of its own: the pool may be closed already (cleanups run last
+// in, first out).
+func execOnCleanup(t testing.TB, pool *pgxpool.Pool, sql string) {
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		conn, err := pgx.Connect(ctx, pool.Config().ConnConfig.ConnString())
+		if err != nil {
+			t.Errorf("%s: %v", sql, err)
+			return
+		}
+		defer conn.Close(ctx)
+		if _, err := conn.Exec(ctx, sql); err != nil {
+			t.Errorf("%s: %v", sql, err)
+		}
+	})
+}
+
 // freshSchema creates the schema idem_test_<random>, dropped when t ends.
 func freshSchema(t testing.TB, pool *pgxpool.Pool) string {
 	t.Helper()
@@ -49,20 +68,7 @@ func freshSchema(t testing.TB, pool *pgxpool.Pool) string {
 	if _, err := pool.Exec(context.Background(), "CREATE SCHEMA "+schema); err != nil {
 		t.Fatalf("creating schema: %v", err)
 	}
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		// The pool may be closed already (cleanups run last in, first out).
-		conn, err := pgx.Connect(ctx, pool.Config().ConnConfig.ConnString())
-		if err != nil {
-			t.Errorf("dropping schema %s: %v", schema, err)
-			return
-		}
-		defer conn.Close(ctx)
-		if _, err := conn.Exec(ctx, "DROP SCHEMA "+schema+" CASCADE"); err != nil {
-			t.Errorf("dropping schema %s: %v", schema, err)
-		}
-	})
+	execOnCleanup(t, pool, "DROP SCHEMA "+schema+" CASCADE")
 	return schema
 }
 

@@ -240,7 +240,7 @@ func TestAdmin(t *testing.T) {
 		t.Fatalf("duplicate while held = %d; want 409", r.status)
 	}
 	// The request is still running here: release needs force (see
-	// TestReview2ReleaseRunningKeyRefused).
+	// TestReleaseRunningKeyRefused).
 	if r := do(t, http.MethodPost, base+"/keys/held/release?force=true"); r.status != http.StatusOK {
 		t.Fatalf("release = %d %q", r.status, r.body)
 	}

@@ -19,10 +19,10 @@ import (
 	"github.com/archlab/idempotency/internal/testenv"
 )
 
-// TestReview2DeleteUnknownKey: evicting a key that has no record must say
+// TestDeleteUnknownKey: evicting a key that has no record must say
 // so. An operator who mistypes the key or its scope (auth:<32 hex>) was told
 // "deleted" and believed the key evicted.
-func TestReview2DeleteUnknownKey(t *testing.T) {
+func TestDeleteUnknownKey(t *testing.T) {
 	up := newUpstream(t)
 	path := filepath.Join(t.TempDir(), "idem.db")
 	p := startInproc(t, "-upstream", up.URL, "-store", "bolt:"+path)
@@ -47,14 +47,14 @@ func TestReview2DeleteUnknownKey(t *testing.T) {
 	}
 }
 
-// TestReview2ReadyzChecksWrites: a store that still answers reads but
+// TestReadyzChecksWrites: a store that still answers reads but
 // refuses writes (a Redis at maxmemory with noeviction, or a replica after a
 // failover; a PostgreSQL standby) fails every guarded request with 503, so
 // /readyz must not report the proxy ready.
-func TestReview2ReadyzChecksWrites(t *testing.T) {
+func TestReadyzChecksWrites(t *testing.T) {
 	rs := startRedisServer(t)
 	up := newUpstream(t)
-	p := startInproc(t, "-upstream", up.URL, "-store", "redis://"+rs.addr+"/0?max_retries=-1&prefix=review2:")
+	p := startInproc(t, "-upstream", up.URL, "-store", "redis://"+rs.addr+"/0?max_retries=-1&prefix=readyz:")
 	if r := get(t, "http://"+p.admin+"/readyz"); r.status != http.StatusOK {
 		t.Fatalf("/readyz with a healthy store = %d %q", r.status, r.body)
 	}
@@ -77,12 +77,12 @@ func TestReview2ReadyzChecksWrites(t *testing.T) {
 	}
 }
 
-// TestReview2ReleaseRunningKeyRefused: releasing a key whose request this
+// TestReleaseRunningKeyRefused: releasing a key whose request this
 // proxy is still running upstream lets a retry run the operation a second
 // time while the first is under way, and the first's next lease renewal
 // fails and cancels its upstream call mid-flight. The admin API refuses
 // it unless told ?force=true.
-func TestReview2ReleaseRunningKeyRefused(t *testing.T) {
+func TestReleaseRunningKeyRefused(t *testing.T) {
 	up := newUpstream(t)
 	p := startInproc(t, "-upstream", up.URL, "-store", "memory")
 	base := "http://" + p.admin
@@ -114,9 +114,9 @@ func TestReview2ReleaseRunningKeyRefused(t *testing.T) {
 	}
 }
 
-// TestReview2KeptClaimReleasable: the claim an upstream timeout kept is
+// TestKeptClaimReleasable: the claim an upstream timeout kept is
 // not running any more: release needs no force, and the retry runs.
-func TestReview2KeptClaimReleasable(t *testing.T) {
+func TestKeptClaimReleasable(t *testing.T) {
 	up := newUpstream(t)
 	p := startInproc(t, "-upstream", up.URL, "-store", "memory", "-upstream-timeout", "100ms", "-lease", "30s")
 	if r := mustPost(t, p.proxy, "/pay?sleep=300ms", "kept", "x"); r.status != http.StatusGatewayTimeout {
@@ -130,10 +130,10 @@ func TestReview2KeptClaimReleasable(t *testing.T) {
 	}
 }
 
-// TestReview2ClientGoneBeforeResponse: the client times out while the
+// TestClientGoneBeforeResponse: the client times out while the
 // upstream is still working. The upstream call goes on, its response is
 // stored, and the retry replays it.
-func TestReview2ClientGoneBeforeResponse(t *testing.T) {
+func TestClientGoneBeforeResponse(t *testing.T) {
 	for _, timeout := range []string{"0", "1m"} {
 		t.Run("upstream-timeout="+timeout, func(t *testing.T) {
 			up := newUpstream(t)
@@ -153,9 +153,9 @@ func TestReview2ClientGoneBeforeResponse(t *testing.T) {
 	}
 }
 
-// TestReview2BodyTooLarge: a guarded body over -max-body, with or without
+// TestBodyTooLarge: a guarded body over -max-body, with or without
 // Content-Length, gets 413 and never reaches the upstream.
-func TestReview2BodyTooLarge(t *testing.T) {
+func TestBodyTooLarge(t *testing.T) {
 	up := newUpstream(t)
 	p := startInproc(t, "-upstream", up.URL, "-store", "memory", "-max-body", "1000")
 	for _, chunked := range []bool{false, true} {
@@ -183,10 +183,10 @@ func TestReview2BodyTooLarge(t *testing.T) {
 	}
 }
 
-// TestReview2MetricsCounts: one executed request, one replay, one in-flight
+// TestMetricsCounts: one executed request, one replay, one in-flight
 // duplicate and one unguarded GET are each counted once, and nothing is
 // left in flight afterwards.
-func TestReview2MetricsCounts(t *testing.T) {
+func TestMetricsCounts(t *testing.T) {
 	up := newUpstream(t)
 	p := startInproc(t, "-upstream", up.URL, "-store", "memory")
 	done := make(chan reply, 1)
@@ -238,11 +238,11 @@ func metricValue(t *testing.T, admin, name string) float64 {
 	return v
 }
 
-// TestReview2PostgresSwept: nothing deleted expired PostgreSQL rows (the
+// TestPostgresSwept: nothing deleted expired PostgreSQL rows (the
 // store's Sweep was never called), so the table of a proxy grew by a row
 // for every key it ever saw. Records past their retention must go.
-func TestReview2PostgresSwept(t *testing.T) {
-	store, schema := testenv.PostgresStoreURL(t, "idemproxy_review2_")
+func TestPostgresSwept(t *testing.T) {
+	store, schema := testenv.PostgresStoreURL(t, "idemproxy_sweep_")
 	up := newUpstream(t)
 	p := startInproc(t, "-upstream", up.URL, "-store", store, "-lease", "1s", "-retention", "1s")
 	for _, k := range []string{"a", "b", "c"} {

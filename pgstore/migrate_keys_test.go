@@ -10,7 +10,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/archlab/idempotency"
@@ -22,20 +21,8 @@ func TestMigrateTablesSharingAMissingSchema(t *testing.T) {
 	pool := testPool(t, 16, nil)
 	b := make([]byte, 6)
 	rand.Read(b)
-	schema := "idem_review2_" + hex.EncodeToString(b)
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		conn, err := pgx.Connect(ctx, pool.Config().ConnConfig.ConnString())
-		if err != nil {
-			t.Errorf("dropping schema %s: %v", schema, err)
-			return
-		}
-		defer conn.Close(ctx)
-		if _, err := conn.Exec(ctx, "DROP SCHEMA IF EXISTS "+schema+" CASCADE"); err != nil {
-			t.Errorf("dropping schema %s: %v", schema, err)
-		}
-	})
+	schema := "idem_edge_" + hex.EncodeToString(b)
+	execOnCleanup(t, pool, "DROP SCHEMA IF EXISTS "+schema+" CASCADE")
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	tables := []string{"t1", "t2", "t3", "t4", "t5", "t6", "t7", "t8"}
@@ -123,7 +110,7 @@ func TestMigrateUpToDateWithoutCreatePrivilege(t *testing.T) {
 
 	b := make([]byte, 6)
 	rand.Read(b)
-	role := "idem_review2_" + hex.EncodeToString(b)
+	role := "idem_edge_" + hex.EncodeToString(b)
 	for _, q := range []string{
 		"CREATE ROLE " + role + " LOGIN",
 		"GRANT USAGE ON SCHEMA " + schema + " TO " + role,
@@ -135,19 +122,7 @@ func TestMigrateUpToDateWithoutCreatePrivilege(t *testing.T) {
 			t.Fatalf("%s: %v", q, err)
 		}
 	}
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		conn, err := pgx.Connect(ctx, pool.Config().ConnConfig.ConnString())
-		if err != nil {
-			t.Errorf("dropping role %s: %v", role, err)
-			return
-		}
-		defer conn.Close(ctx)
-		if _, err := conn.Exec(ctx, "DROP OWNED BY "+role+"; DROP ROLE "+role); err != nil {
-			t.Errorf("dropping role %s: %v", role, err)
-		}
-	})
+	execOnCleanup(t, pool, "DROP OWNED BY "+role+"; DROP ROLE "+role)
 
 	cfg, err := pgxpool.ParseConfig(pool.Config().ConnConfig.ConnString())
 	if err != nil {
