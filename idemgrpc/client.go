@@ -36,8 +36,8 @@ func KeyFromContext(ctx context.Context) (string, bool) {
 // fresh key: the helper a retry loop calls once before its first attempt.
 //
 //	ctx, _ = idemgrpc.EnsureKey(ctx)
-//	for attempt := range 3 {
-//		if err = client.Pay(ctx, req); status.Code(err) != codes.Unavailable {
+//	for range 3 {
+//		if _, err = client.Pay(ctx, req); status.Code(err) != codes.Unavailable {
 //			break
 //		}
 //	}

@@ -40,8 +40,10 @@
 //     CORS) are not stored unless the handler changed them: a replay keeps
 //     the retry's own.
 //   - In flight: 409 with Retry-After, the seconds left on the holder's
-//     lease (at least 1). With Options.Wait the request first waits that
-//     long for the holder to finish, then replays.
+//     lease (at least 1). With Options.Wait the request first waits up to
+//     that long for the holder to finish, then replays its response (or
+//     runs, if the holder released the key); still in flight by then, it
+//     gets the 409.
 //   - Store unavailable: 503 with Retry-After; the handler does not run.
 //   - Lease lost while the handler ran: the response is sent as written but
 //     not stored, and the Observer sees LeaseLost.

@@ -15,7 +15,6 @@ import (
 // the canonical form below can never make an old record match a new request.
 const fingerprintVersion = "idemhttp/fp/v2"
 
-// queryPair is one decoded name=value pair of a query string.
 // queryPair is one name=value of the query, decoded. raw marks a pair with
 // a part that does not decode (a stray %): it is kept as sent and told
 // apart from a pair that decodes to the same text, since net/http's

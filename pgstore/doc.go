@@ -5,8 +5,8 @@
 //
 // The schema is embedded SQL, applied by Store.Migrate: versioned (a
 // <table>_schema_version table), idempotent (running it again does
-// nothing), safe when several instances migrate at once (a transaction
-// advisory lock serializes them) and one transaction per migration. Run it
+// nothing), safe when several instances migrate at once (transaction
+// advisory locks serialize them) and one transaction per migration. Run it
 // at startup or at deploy time; New itself does not touch the database.
 // One row per key holds the state, the fencing token (drawn from the
 // sequence <table>_token_seq, so tokens strictly increase per key across

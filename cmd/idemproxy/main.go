@@ -42,8 +42,9 @@
 //	idemproxy release -store URL [-scope S] KEY   give an in-flight claim back
 //
 // S is the scope as the proxy derives it: the -scope-header value, or
-// "auth:" and 32 hex digits of SHA-256 of the Authorization value (empty for
-// requests without one). The admin address offers the same as /keys/{key}.
+// "auth:" and the first 32 hex digits of the SHA-256 of the Authorization
+// value followed by a newline (empty for requests without one; see the
+// README for a shell line that computes it). The admin address offers the same as /keys/{key}.
 package main
 
 import (
