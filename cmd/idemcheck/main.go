@@ -197,7 +197,7 @@ flags:
 	var bad []string
 	badf := func(format string, a ...any) { bad = append(bad, fmt.Sprintf(format, a...)) }
 	if cfg.duration < 0 || cfg.duration > 50*time.Second {
-		badf("-duration %v: give 1s to 50s", cfg.duration)
+		badf("-duration %v: give at most 50s (0: the default)", cfg.duration)
 	}
 	if cfg.concurrency < 1 || cfg.concurrency > 256 {
 		badf("-concurrency %d: give 1 to 256", cfg.concurrency)
