@@ -49,8 +49,8 @@ const (
 //     MemoryStore Begin that answers without writing (a replay, a conflict,
 //     in flight) is judged by a cheaper reading of the same clock (see
 //     localClock); whatever is written is judged by time.Now.
-//   - RenewEvery (0: Lease/3) is the renewal interval; negative disables
-//     renewal (the seed's behaviour).
+//   - RenewEvery (0: Lease/3) is the renewal interval, shorter than nine
+//     tenths of Lease; negative disables renewal (the seed's behaviour).
 //   - OnRenew (nil: none) is called after every renewal attempt, with its
 //     error, from the renewing goroutine.
 type Guard struct {
@@ -115,8 +115,10 @@ func (g *Guard) config() (config, error) {
 		return c, fmt.Errorf("%w: Lease %v is negative", ErrInvalidConfig, c.lease)
 	case c.retention < c.lease:
 		return c, fmt.Errorf("%w: Retention %v is shorter than Lease %v", ErrInvalidConfig, c.retention, c.lease)
-	case c.renewEvery >= c.lease:
-		return c, fmt.Errorf("%w: RenewEvery %v is not shorter than Lease %v", ErrInvalidConfig, c.renewEvery, c.lease)
+	case c.renewEvery >= c.lease-c.lease/10:
+		// fn is stopped nine tenths of a lease after its last renewal (see
+		// leaseDeadline): a renewal due later would never be tried.
+		return c, fmt.Errorf("%w: RenewEvery %v is not shorter than nine tenths of Lease %v", ErrInvalidConfig, c.renewEvery, c.lease)
 	}
 	return c, nil
 }
@@ -239,6 +241,9 @@ func (g *Guard) run(ctx context.Context, key, fingerprint string, fn func(contex
 			*res = Result{Outcome: Unavailable}
 			return unavailable("begin", err)
 		case claimed:
+			if g.Now != nil {
+				now = time.Now() // in process: as good as before the claim
+			}
 			return g.execute(ctx, cfg, key, res.Token, now, fn, res)
 		case res.Outcome == Conflicted:
 			return ErrConflict
@@ -248,6 +253,12 @@ func (g *Guard) run(ctx context.Context, key, fingerprint string, fn func(contex
 		return nil
 	}
 	now := g.now()
+	// The renewer times the lease by the local clock from when Begin was
+	// sent, not from when it answered: the store's lease runs from now.
+	sent := now
+	if g.Now != nil {
+		sent = time.Now()
+	}
 	rec, claimed, err := g.Store.Begin(ctx, key, fingerprint, now, cfg.lease, cfg.retention)
 	if err != nil {
 		res.Outcome = Unavailable
@@ -266,23 +277,18 @@ func (g *Guard) run(ctx context.Context, key, fingerprint string, fn func(contex
 			return ErrInFlight
 		}
 	}
-	return g.execute(ctx, cfg, key, rec.Token, now, fn, res)
+	return g.execute(ctx, cfg, key, rec.Token, sent, fn, res)
 }
 
-// execute runs fn for the claim named by token, taken at now by the
-// Guard's clock, and answers into res.
-func (g *Guard) execute(ctx context.Context, cfg config, key string, token uint64, now time.Time, fn func(context.Context) (Response, error), res *Result) error {
+// execute runs fn for the claim named by token, sent to the store at sent
+// by the local clock (time.Now), and answers into res.
+func (g *Guard) execute(ctx context.Context, cfg config, key string, token uint64, sent time.Time, fn func(context.Context) (Response, error), res *Result) error {
 	*res = Result{Outcome: Executed, Token: token}
 	c := &claimCtx{Context: ctx, token: token}
 	var r *renewer
 	if cfg.renewEvery > 0 {
-		// The renewer keeps its deadline on the local clock: the Guard's
-		// reading serves when the Guard uses the local clock.
-		local := now
-		if g.Now != nil {
-			local = time.Now()
-		}
-		r = startRenewer(g, cfg, c, key, local)
+		// The renewer keeps its deadline on the local clock.
+		r = startRenewer(g, cfg, c, key, sent)
 	}
 	// Writes after fn must not be cut short by the caller going away: the
 	// side effect has happened and its result must be stored (or the key
@@ -322,7 +328,7 @@ func (g *Guard) execute(ctx context.Context, cfg config, key string, token uint6
 		}
 		return ferr
 	}
-	now = g.now()
+	now := g.now()
 	if err := g.Store.Complete(wctx, key, token, resp, now, cfg.retention); err != nil {
 		if errors.Is(err, ErrLeaseLost) {
 			return fmt.Errorf("idempotency: result not stored: %w", err)

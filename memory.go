@@ -1,6 +1,7 @@
 package idempotency
 
 import (
+	"cmp"
 	"context"
 	"encoding/binary"
 	"fmt"
@@ -616,6 +617,31 @@ func (s *MemoryStore) sweep(sh *memShard, now int64, limit int) (removed bool) {
 	return removed
 }
 
+// dropStale rebuilds sh's expiry queue without its stale entries once they
+// outnumber the live records by compactMin. A released or deleted record
+// leaves its entry queued until the entry's time, a retention away: without
+// this, a key claimed and given back in a loop would hold one entry per
+// release, whatever MaxRecords. The cost, one pass over the queue, is paid
+// at most once per as many releases as there are live records. sh is locked.
+func (s *MemoryStore) dropStale(sh *memShard) {
+	if len(sh.exp) <= 2*(len(sh.recs)-len(sh.free))+compactMin {
+		return
+	}
+	kept := sh.exp[:0]
+	for _, e := range sh.exp {
+		if r := sh.get(maphash.String(s.seed, e.key), e.key); r != nil && r.queuedAt == e.at {
+			kept = append(kept, e)
+		}
+	}
+	clear(sh.exp[len(kept):])
+	// A sorted slice is a heap.
+	slices.SortFunc(kept, func(a, b expiry) int { return cmp.Compare(a.at, b.at) })
+	if cap(kept) > 1024 && len(kept) < cap(kept)/4 {
+		kept = slices.Clone(kept)
+	}
+	sh.exp = kept
+}
+
 // Complete implements Store.
 func (s *MemoryStore) Complete(ctx context.Context, key string, token uint64, resp Response, now time.Time, retention time.Duration) error {
 	if err := s.fault(ctx, "complete"); err != nil {
@@ -673,6 +699,7 @@ func (s *MemoryStore) Release(ctx context.Context, key string, token uint64) err
 	}
 	sh.remove(rec)
 	s.count.Add(-1)
+	s.dropStale(sh)
 	return nil
 }
 
@@ -702,6 +729,7 @@ func (s *MemoryStore) Delete(ctx context.Context, key string) error {
 	if rec := sh.get(h, key); rec != nil {
 		sh.remove(rec)
 		s.count.Add(-1)
+		s.dropStale(sh)
 	}
 	return nil
 }
