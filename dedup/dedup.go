@@ -181,13 +181,16 @@ func (w *Window) Process(ctx context.Context, msgID string, fn func(ctx context.
 	if msgID == "" {
 		return Decision{Action: Term, Outcome: idempotency.Conflicted}, errors.New("dedup: empty message id")
 	}
-	var fnErr error
+	var fnErr, marked error
 	res, err := w.guard.Run(ctx, w.opts.Prefix+msgID, fingerprint, func(ctx context.Context) (idempotency.Response, error) {
 		if fnErr = fn(ctx); fnErr != nil {
 			// Processed again on redelivery: the message's work is not done,
 			// and fn is the one to know whether a partial effect must be
-			// undone first.
-			return idempotency.Response{}, idempotency.Retryable(fnErr)
+			// undone first. The Guard gets a stand-in, taken out again
+			// below: what fn's error wraps must not pass for the Guard's
+			// own errors, nor the mark reach the caller.
+			marked = idempotency.Retryable(&fnFailed{fnErr})
+			return idempotency.Response{}, marked
 		}
 		return idempotency.Response{}, nil
 	})
@@ -212,20 +215,38 @@ func (w *Window) Process(ctx context.Context, msgID string, fn func(ctx context.
 	if fnErr != nil {
 		d.Action = Nak
 		d.Delay = w.opts.RetryDelay
-		if errors.Is(err, idempotency.ErrUnavailable) && !errors.Is(fnErr, idempotency.ErrUnavailable) {
+		// err is the stand-in (released), the stand-in joined with the
+		// release's error, or the lease's loss (not released).
+		errs := []error{fnErr}
+		if j, ok := err.(interface{ Unwrap() []error }); ok {
+			for _, e := range j.Unwrap() {
+				if e != marked {
+					errs = append(errs, e)
+				}
+			}
+		} else if err != marked {
+			errs = append(errs, err)
+		}
+		if len(errs) == 1 {
+			return d, fnErr
+		}
+		if errors.Is(errors.Join(errs[1:]...), idempotency.ErrUnavailable) {
 			// The release failed: the claim stays until its lease ends.
 			d.Delay = max(d.Delay, w.lease())
 		}
-		if !errors.Is(err, fnErr) {
-			err = errors.Join(fnErr, err) // the lease was lost as well
-		}
-		return d, err
+		return d, errors.Join(errs...)
 	}
 	// fn succeeded. A non-nil err says its success could not be recorded
 	// (store unavailable, lease lost): still Ack, the effect happened.
 	d.Action = Ack
 	return d, err
 }
+
+// fnFailed stands for fn's error before the Guard, which needs to know
+// only that fn failed.
+type fnFailed struct{ err error }
+
+func (e *fnFailed) Error() string { return e.err.Error() }
 
 func (w *Window) now() time.Time {
 	if w.opts.Now != nil {
