@@ -28,7 +28,12 @@
 //     (it is then never redelivered); with AckNone, Nak does nothing.
 //   - Options.AckWait must be the consumer's AckWait (or shorter): the
 //     heartbeat is paced by it. A redelivery that comes anyway is Nak'ed as
-//     in flight, but counts against the consumer's MaxDeliver.
+//     in flight, but counts against the consumer's MaxDeliver: once the
+//     deliveries are used up, a handler that then fails sends a Nak the
+//     server no longer acts on, and the message is dropped unprocessed.
+//     Leave MaxDeliver unlimited (-1, the default), or give it room for the
+//     in-flight redeliveries of your longest handler, and watch the
+//     server's MAX_DELIVERIES advisories.
 //   - A panic in fn releases the key and sends nothing to the broker (the
 //     message is redelivered after AckWait), then goes on up: a message
 //     that always panics crashes each consumer that receives it; recover
