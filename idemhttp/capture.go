@@ -112,18 +112,24 @@ func (cw *captureWriter) WriteHeader(code int) {
 	cw.status = code
 	h := cw.w.Header()
 	m := cw.m
+	// As net/http decides from the header at this moment (it reads the
+	// fields by their canonical names, without canonicalizing).
 	_, haveType := h["Content-Type"]
+	te := first(h, "Transfer-Encoding")
 	cw.sniff = !haveType && code >= 200 && code != http.StatusNoContent && code != http.StatusNotModified &&
-		http.Header(h).Get("Content-Encoding") == "" && http.Header(h).Get("Transfer-Encoding") == ""
+		first(h, "Content-Encoding") == "" && te == ""
 	cw.trailers = h["Trailer"]
-	switch te := http.Header(h).Get("Transfer-Encoding"); {
+	switch {
 	case code < 200 || code == http.StatusNoContent || code == http.StatusNotModified,
-		http.Header(h).Get("Content-Length") != "" || te == "identity":
+		first(h, "Content-Length") != "" || te == "identity":
 		cw.chunking = -1
 	case te != "" || len(cw.trailers) > 0:
 		cw.chunking = 1
 	}
 	for k, v := range h {
+		if cw.chunking == 0 && strings.HasPrefix(k, http.TrailerPrefix) {
+			cw.chunking = 1 // net/http chunks a body with trailers set so
+		}
 		if ov, ok := cw.outer[k]; ok && slices.Equal(ov, v) {
 			continue // an outer handler's field, as it set it
 		}
@@ -138,6 +144,14 @@ func (cw *captureWriter) WriteHeader(code int) {
 		h[m.windowHeader] = []string{m.window.format(m.now().Add(m.retention))}
 	}
 	cw.w.WriteHeader(code)
+}
+
+// first is h's first value of the canonical name k, or "".
+func first(h map[string][]string, k string) string {
+	if v := h[k]; len(v) > 0 {
+		return v[0]
+	}
+	return ""
 }
 
 // Write implements http.ResponseWriter.

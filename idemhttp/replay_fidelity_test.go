@@ -76,6 +76,23 @@ func TestReplayUndeclaredTrailerOnlyWhenSent(t *testing.T) {
 	}
 }
 
+// A trailer set with http.TrailerPrefix before the status makes net/http
+// send even a small body chunked, with the trailer: the replay carries it.
+func TestReplayPrefixTrailerSetBeforeStatus(t *testing.T) {
+	f := newFixture(t, nil, nil, func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set(http.TrailerPrefix+"X-Sum", "abc")
+		w.WriteHeader(http.StatusCreated)
+		_, _ = io.WriteString(w, "small")
+	})
+	first, second := replayed(t, f, req{})
+	if got := first.trail.Get("X-Sum"); got != "abc" {
+		t.Fatalf("first response trailer X-Sum %q, want abc (net/http behaviour changed?)", got)
+	}
+	if got := second.trail.Get("X-Sum"); got != "abc" {
+		t.Errorf("replay trailer X-Sum %q, want abc as first sent", got)
+	}
+}
+
 // TestOuterBodyLimitIs413: a body cut off by an outer http.MaxBytesReader
 // is too large, not unreadable: 413 request-too-large, and nothing runs.
 func TestOuterBodyLimitIs413(t *testing.T) {
