@@ -31,7 +31,10 @@ import (
 // middleware does. A claim whose request this process is still running
 // upstream (run) is released only with force=true. The admin address must
 // not be exposed to clients.
-func adminHandler(store idempotency.Store, m *metrics, storeKey func(scope, key string) string, now func() time.Time,
+//
+// The readiness probe writes to probe (the store itself, so that probes do
+// not show in the store metrics), the rest to store.
+func adminHandler(store, probe idempotency.Store, m *metrics, storeKey func(scope, key string) string, now func() time.Time,
 	run *runningSet, draining *atomic.Bool) http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
@@ -52,9 +55,9 @@ func adminHandler(store idempotency.Store, m *metrics, storeKey func(scope, key 
 		ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
 		defer cancel()
 		probeKey := "idemproxy-readiness-probe:" + rand.Text()
-		rec, claimed, err := store.Begin(ctx, probeKey, "readyz", now(), 10*time.Second, time.Minute)
+		rec, claimed, err := probe.Begin(ctx, probeKey, "readyz", now(), 10*time.Second, time.Minute)
 		if err == nil && claimed {
-			err = store.Release(ctx, probeKey, rec.Token)
+			err = probe.Release(ctx, probeKey, rec.Token)
 		}
 		if err != nil {
 			writeJSON(w, http.StatusServiceUnavailable, map[string]string{"status": "store unavailable", "error": err.Error()})
@@ -133,9 +136,12 @@ func releaseKey(ctx context.Context, store idempotency.Store, key string, now ti
 // deleteKey evicts key, or returns ErrNotFound if it has no live record
 // (a mistyped key or scope must not look evicted).
 func deleteKey(ctx context.Context, store idempotency.Store, key string, now time.Time) error {
-	if _, err := store.Get(ctx, key, now); err != nil {
+	if _, err := store.Get(ctx, key, now); errors.Is(err, idempotency.ErrNotFound) {
 		return err
 	}
+	// Any other answer goes on to Delete, errors included: a record that no
+	// longer decodes fails every request on its key, and evicting it is
+	// what delete is for.
 	return store.Delete(ctx, key)
 }
 
@@ -146,18 +152,29 @@ var (
 )
 
 // runningSet holds the guarded requests this process is running upstream
-// now, with their claims' fencing tokens. Tracking costs a map insert and
+// now, with their claims' fencing tokens, in shards by token so that
+// requests do not all meet at one lock. Tracking costs a map insert and
 // delete per request; the stored key is worked out only when an operator
 // asks (has), from the few requests whose token matches.
 type runningSet struct {
-	scope func(*http.Request) string
-	mu    sync.Mutex
-	m     map[*http.Request]uint64
+	scope  func(*http.Request) string
+	shards [32]runningShard
+}
+
+type runningShard struct {
+	mu sync.Mutex
+	m  map[*http.Request]uint64
 }
 
 func newRunningSet(scope func(*http.Request) string) *runningSet {
-	return &runningSet{scope: scope, m: make(map[*http.Request]uint64)}
+	s := &runningSet{scope: scope}
+	for i := range s.shards {
+		s.shards[i].m = make(map[*http.Request]uint64)
+	}
+	return s
 }
+
+func (s *runningSet) shard(token uint64) *runningShard { return &s.shards[token%uint64(len(s.shards))] }
 
 // track returns next recording each guarded request (one that the
 // middleware runs with a fencing token) while it runs.
@@ -168,13 +185,14 @@ func (s *runningSet) track(next http.Handler) http.Handler {
 			next.ServeHTTP(w, r)
 			return
 		}
-		s.mu.Lock()
-		s.m[r] = token
-		s.mu.Unlock()
+		sh := s.shard(token)
+		sh.mu.Lock()
+		sh.m[r] = token
+		sh.mu.Unlock()
 		defer func() {
-			s.mu.Lock()
-			delete(s.m, r)
-			s.mu.Unlock()
+			sh.mu.Lock()
+			delete(sh.m, r)
+			sh.mu.Unlock()
 		}()
 		next.ServeHTTP(w, r)
 	})
@@ -185,9 +203,10 @@ func (s *runningSet) has(key string, token uint64) bool {
 	if s == nil {
 		return false
 	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	for r, t := range s.m {
+	sh := s.shard(token)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	for r, t := range sh.m {
 		if t != token {
 			continue
 		}

@@ -14,8 +14,10 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/redis/go-redis/v9"
+	bolt "go.etcd.io/bbolt"
 
 	"github.com/archlab/idempotency"
+	"github.com/archlab/idempotency/idemhttp"
 	"github.com/archlab/idempotency/internal/testenv"
 )
 
@@ -44,6 +46,40 @@ func TestDeleteUnknownKey(t *testing.T) {
 	err := run(context.Background(), []string{"delete", "-store", "bolt:" + path, "no-such-key"}, &out, &out, noEnv)
 	if !errors.Is(err, idempotency.ErrNotFound) || strings.Contains(out.String(), "deleted") {
 		t.Fatalf("idemproxy delete of an unknown key = %v, output %q; want ErrNotFound and no \"deleted\"", err, out.String())
+	}
+}
+
+// A record that no longer decodes fails every request on its key; delete
+// must still evict it (Get's error is not "not found").
+func TestDeleteEvictsUndecodableRecord(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "idem.db")
+	var out syncBuffer
+	// Let the store make its buckets, then spoil one record in the file
+	// (boltstore's layout: bucket "idempotency", records in "r" under 'k'
+	// and the key).
+	if err := run(context.Background(), []string{"delete", "-store", "bolt:" + path, "warm-up"}, &out, &out, noEnv); !errors.Is(err, idempotency.ErrNotFound) {
+		t.Fatalf("delete on a new file: %v", err)
+	}
+	db, err := bolt.Open(path, 0o600, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	key := idemhttp.StoreKey("", "broken")
+	err = db.Update(func(tx *bolt.Tx) error {
+		return tx.Bucket([]byte("idempotency")).Bucket([]byte("r")).Put([]byte("k"+key), []byte{0xff, 1, 2})
+	})
+	if cerr := db.Close(); err != nil || cerr != nil {
+		t.Fatal(err, cerr)
+	}
+	if err := run(context.Background(), []string{"get", "-store", "bolt:" + path, "broken"}, &out, &out, noEnv); err == nil || errors.Is(err, idempotency.ErrNotFound) {
+		t.Fatalf("get of the spoiled record = %v; want a decoding error", err)
+	}
+	out = syncBuffer{}
+	if err := run(context.Background(), []string{"delete", "-store", "bolt:" + path, "broken"}, &out, &out, noEnv); err != nil {
+		t.Fatalf("delete of the spoiled record: %v (%s)", err, out.String())
+	}
+	if err := run(context.Background(), []string{"get", "-store", "bolt:" + path, "broken"}, &out, &out, noEnv); !errors.Is(err, idempotency.ErrNotFound) {
+		t.Fatalf("get after delete = %v; want ErrNotFound", err)
 	}
 }
 

@@ -34,10 +34,10 @@ func TestSweeperClearsBacklog(t *testing.T) {
 		}
 	}
 	rec := &recordingSweeper{s: s, calls: make(chan sweepCall, 16)}
-	const every = 300 * time.Millisecond
+	const every = time.Second
 	stop := startSweeper(rec, every, 10, slog.New(slog.NewTextHandler(io.Discard, nil)))
 	defer stop()
-	// One tick sweeps 10, 10 and 5, one round right after the other; one
+	// One tick sweeps 10, 10 and 5, the rounds a short pause apart; one
 	// round per tick would leave every interval between them.
 	var prev time.Time
 	for i, want := range []int{10, 10, 5} {

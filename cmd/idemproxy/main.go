@@ -183,7 +183,7 @@ func serve(ctx context.Context, cfg *config, log *slog.Logger) error {
 			ln.Close()
 			return fmt.Errorf("-admin: %w", err)
 		}
-		adminSrv = &http.Server{Handler: adminHandler(timed, m, idemhttp.StoreKey, time.Now, running, &draining), ReadHeaderTimeout: 10 * time.Second}
+		adminSrv = &http.Server{Handler: adminHandler(timed, store, m, idemhttp.StoreKey, time.Now, running, &draining), ReadHeaderTimeout: 10 * time.Second}
 	}
 	errc := make(chan error, 2)
 	go func() { errc <- srv.Serve(ln) }()
@@ -232,8 +232,12 @@ func sweepEvery(retention time.Duration) time.Duration {
 	return min(max(retention/4, time.Second), time.Minute)
 }
 
-// sweepLimit bounds one round; the rest waits for the next.
-const sweepLimit = 10000
+// sweepLimit bounds one round of the sweeper; sweepPause separates the
+// rounds of one backlog.
+const (
+	sweepLimit = 10000
+	sweepPause = 100 * time.Millisecond
+)
 
 // startSweeper sweeps s every interval, in rounds of at most limit records,
 // until the returned function is called; that function returns once no
@@ -261,8 +265,16 @@ func startSweeper(s sweeper, every time.Duration, limit int, log *slog.Logger) (
 				if err != nil && ctx.Err() == nil {
 					log.Warn("sweeping expired records", "removed", n, "error", err)
 				}
-				if err != nil || n < limit || ctx.Err() != nil {
+				if err != nil || n < limit {
 					break
+				}
+				// A pause between rounds leaves the store to the requests
+				// while a large backlog (an upgrade from a version that
+				// never swept) is worked off.
+				select {
+				case <-ctx.Done():
+					return
+				case <-time.After(sweepPause):
 				}
 			}
 		}
