@@ -1,7 +1,6 @@
 package idempotency
 
 import (
-	"cmp"
 	"context"
 	"encoding/binary"
 	"fmt"
@@ -634,8 +633,9 @@ func (s *MemoryStore) dropStale(sh *memShard) {
 		}
 	}
 	clear(sh.exp[len(kept):])
-	// A sorted slice is a heap.
-	slices.SortFunc(kept, func(a, b expiry) int { return cmp.Compare(a.at, b.at) })
+	for i := len(kept)/2 - 1; i >= 0; i-- { // heapify, in linear time
+		siftDown(kept, i)
+	}
 	if cap(kept) > 1024 && len(kept) < cap(kept)/4 {
 		kept = slices.Clone(kept)
 	}
@@ -792,7 +792,16 @@ func (h *expiryHeap) popDue(now int64) (expiry, bool) {
 	a[0] = a[last]
 	a[last] = expiry{}
 	a = a[:last]
-	i := 0
+	siftDown(a, 0)
+	if cap(a) > 1024 && len(a) < cap(a)/4 {
+		a = slices.Clone(a) // give a burst's memory back
+	}
+	*h = a
+	return top, true
+}
+
+// siftDown moves a[i] down to its place in the min-heap a.
+func siftDown(a []expiry, i int) {
 	for {
 		l, r, m := 2*i+1, 2*i+2, i
 		if l < len(a) && a[l].at < a[m].at {
@@ -802,14 +811,9 @@ func (h *expiryHeap) popDue(now int64) (expiry, bool) {
 			m = r
 		}
 		if m == i {
-			break
+			return
 		}
 		a[i], a[m] = a[m], a[i]
 		i = m
 	}
-	if cap(a) > 1024 && len(a) < cap(a)/4 {
-		a = slices.Clone(a) // give a burst's memory back
-	}
-	*h = a
-	return top, true
 }

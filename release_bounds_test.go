@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"hash/maphash"
 	"sync/atomic"
 	"testing"
 	"testing/synctest"
@@ -132,5 +133,110 @@ func TestRenewEveryAcceptedMeansRenewed(t *testing.T) {
 				}
 			})
 		})
+	}
+}
+
+// The queue rebuilt after many releases is still a heap holding every live
+// record: live records of many expiries among 20,000 released claims all
+// leave at their time, none earlier.
+func TestMemoryQueueRebuildKeepsLiveRecords(t *testing.T) {
+	s := NewMemoryStore()
+	ctx := context.Background()
+	t0 := time.Unix(1_000_000, 0)
+	const live = 300
+	for i := range live {
+		key := fmt.Sprintf("live%d", i)
+		rec, ok, err := s.Begin(ctx, key, "fp", t0, time.Minute, time.Duration(1+(i*37)%97)*time.Hour)
+		if err != nil || !ok {
+			t.Fatal(ok, err)
+		}
+		if err := s.Complete(ctx, key, rec.Token, Response{Status: 200}, t0, time.Duration(1+(i*37)%97)*time.Hour); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i := range 20000 {
+		key := fmt.Sprintf("gone%d", i%16)
+		// Due before every live record: these entries climb to the top of
+		// the queue, above live ones, so that dropping them reorders it.
+		rec, ok, err := s.Begin(ctx, key, "fp", t0, time.Minute, 30*time.Minute)
+		if err != nil || !ok {
+			t.Fatal(ok, err)
+		}
+		if err := s.Release(ctx, key, rec.Token); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i := range s.shards {
+		a := s.shards[i].exp
+		for j := 1; j < len(a); j++ {
+			if a[(j-1)/2].at > a[j].at {
+				t.Fatalf("shard %d: queue is not a heap at %d", i, j)
+			}
+		}
+	}
+	// Half way through the expiries, exactly the records due are gone.
+	mid := t0.Add(49 * time.Hour)
+	for i := range live {
+		key := fmt.Sprintf("live%d", i)
+		_, err := s.Get(ctx, key, mid)
+		due := time.Duration(1+(i*37)%97)*time.Hour <= 49*time.Hour
+		if due != errors.Is(err, ErrNotFound) {
+			t.Errorf("%s (expires after %dh) at 49h: %v", key, 1+(i*37)%97, err)
+		}
+	}
+	// Sweeping at 49h removes exactly the records due by then: a queue
+	// out of heap order hides due records behind one that is not.
+	wantLeft := 0
+	for i := range live {
+		if time.Duration(1+(i*37)%97)*time.Hour > 49*time.Hour {
+			wantLeft++
+		}
+	}
+	for i := range s.shards {
+		sh := &s.shards[i]
+		sh.mu.Lock()
+		s.sweep(sh, mid.UnixNano(), 1<<30)
+		sh.mu.Unlock()
+	}
+	if got := s.Len(); got != wantLeft {
+		t.Errorf("Len after sweeping everything due at 49h = %d, want %d", got, wantLeft)
+	}
+}
+
+// dropStale leaves a heap even where dropping the stale entries moves a
+// later-due record above an earlier one: a stale root over records due at
+// 100 and 50 becomes [100, 50] when only filtered.
+func TestDropStaleHeapifies(t *testing.T) {
+	s := NewMemoryStore()
+	ctx := context.Background()
+	t0 := time.Unix(1_000_000, 0)
+	sh, _ := s.shard("a")
+	b := ""
+	for i := 0; b == ""; i++ {
+		if o, _ := s.shard(fmt.Sprint("b", i)); o == sh {
+			b = fmt.Sprint("b", i)
+		}
+	}
+	ra, _, errA := s.Begin(ctx, "a", "fp", t0, time.Minute, 100*time.Hour)
+	rb, _, errB := s.Begin(ctx, b, "fp", t0, time.Minute, 50*time.Hour)
+	if errA != nil || errB != nil || ra.Token == 0 || rb.Token == 0 {
+		t.Fatal(errA, errB)
+	}
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	at := func(k string) int64 { r := sh.get(maphash.String(s.seed, k), k); return r.queuedAt }
+	// A valid heap: a stale root, the two live records under it, and
+	// enough stale entries below them to call for a rebuild.
+	q := expiryHeap{{at: 1, key: "stale-root"}, {at: at("a"), key: "a"}, {at: at(b), key: b}}
+	for i := range 2*compactMin + 8 {
+		q = append(q, expiry{at: at("a") + int64(i+1), key: fmt.Sprint("stale", i)})
+	}
+	sh.exp = q
+	s.dropStale(sh)
+	if len(sh.exp) != 2 {
+		t.Fatalf("queue after dropStale holds %d entries, want the 2 live ones", len(sh.exp))
+	}
+	if sh.exp[0].key != b {
+		t.Errorf("queue after dropStale = %+v: the record due first is not on top", sh.exp)
 	}
 }
