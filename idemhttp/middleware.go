@@ -593,6 +593,9 @@ func (m *Middleware) serve(next http.Handler, w http.ResponseWriter, r *http.Req
 			outcome = LeaseLost
 		case errors.Is(err, errClientGone), errors.Is(err, ErrClaimKept):
 			outcome = Abandoned
+		case idempotency.IsRetryable(err) && errors.Is(err, idempotency.ErrUnavailable):
+			// The release failed: the claim stays until its lease ends.
+			outcome = NotStored
 		case idempotency.IsRetryable(err):
 			outcome = Released
 		default:

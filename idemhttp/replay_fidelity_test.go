@@ -1,10 +1,14 @@
 package idemhttp
 
 import (
+	"errors"
 	"io"
 	"net/http"
+	"slices"
 	"strings"
 	"testing"
+
+	"github.com/archlab/idempotency"
 )
 
 // TestReplayContentTypeAsSniffedOnFirstChunk: net/http sniffs a missing
@@ -112,5 +116,34 @@ func TestOuterBodyLimitIs413(t *testing.T) {
 	}
 	if o := f.events.outcomes(); len(o) != 1 || o[0] != TooLarge {
 		t.Fatalf("outcomes %v, want [%s]", o, TooLarge)
+	}
+}
+
+// A response that is not stored releases the key; when that release fails
+// the key stays claimed until its lease ends, and the observer must not be
+// told it was released.
+func TestFailedReleaseNotObservedAsReleased(t *testing.T) {
+	f := newFixture(t, nil, nil, func(w http.ResponseWriter, r *http.Request) {
+		w.WriteHeader(http.StatusServiceUnavailable) // not stored: release
+	})
+	f.store.Fault = func(op string) error {
+		if op == "release" {
+			return errors.New("release refused")
+		}
+		return nil
+	}
+	if r := f.do(t, req{keys: key(`"k"`)}); r.status != http.StatusServiceUnavailable {
+		t.Fatalf("status %d", r.status)
+	}
+	e := f.events.waitOutcome(t, NotStored)
+	if !errors.Is(e.Err, idempotency.ErrUnavailable) {
+		t.Errorf("event error %v, want the release's ErrUnavailable", e.Err)
+	}
+	if got := f.events.outcomes(); slices.Contains(got, Released) {
+		t.Errorf("outcomes %v: a failed release was observed as released", got)
+	}
+	// The key is indeed still held.
+	if r := f.do(t, req{keys: key(`"k"`)}); r.status != http.StatusConflict {
+		t.Errorf("retry after the failed release: %d, want 409 in flight", r.status)
 	}
 }
