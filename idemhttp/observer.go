@@ -36,7 +36,8 @@ const (
 	// (Err: ErrClaimKept), and when it panicked with http.ErrAbortHandler.
 	Abandoned Outcome = "abandoned"
 	// NotStored: the handler ran and its response was sent, but the store
-	// failed to record it; a retry after the lease may run again.
+	// failed to record it (or, for a response not to be stored, to release
+	// the key); a retry after the lease may run again.
 	NotStored Outcome = "not_stored"
 	// NotReplayable: the key's stored result is the too-large marker; 409
 	// response-not-replayable was sent.
