@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"hash/maphash"
+	"math"
 	"sync/atomic"
 	"testing"
 	"testing/synctest"
@@ -238,5 +239,29 @@ func TestDropStaleHeapifies(t *testing.T) {
 	}
 	if sh.exp[0].key != b {
 		t.Errorf("queue after dropStale = %+v: the record due first is not on top", sh.exp)
+	}
+}
+
+// A retention meant as "keep for ever" (past the year 2262 in Unix
+// nanoseconds) must not wrap around to an expiry in the past: the retry
+// would run again.
+func TestHugeRetentionDoesNotWrap(t *testing.T) {
+	s := NewMemoryStore()
+	ctx := context.Background()
+	now := time.Now()
+	forever := time.Duration(math.MaxInt64)
+	rec, ok, err := s.Begin(ctx, "k", "fp", now, forever, forever)
+	if err != nil || !ok {
+		t.Fatal(ok, err)
+	}
+	if _, again, err := s.Begin(ctx, "k", "fp", now.Add(time.Hour), time.Minute, forever); err != nil || again {
+		t.Fatalf("Begin an hour into an endless lease claimed again (%v, %v)", again, err)
+	}
+	if err := s.Complete(ctx, "k", rec.Token, Response{Status: 201}, now, forever); err != nil {
+		t.Fatal(err)
+	}
+	got, again, err := s.Begin(ctx, "k", "fp", now.Add(24*time.Hour), time.Minute, forever)
+	if err != nil || again || got.State != Done {
+		t.Fatalf("Begin a day after an endless retention = %+v, %v, %v; want the result replayed", got, again, err)
 	}
 }
