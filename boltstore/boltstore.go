@@ -71,6 +71,8 @@ type Options struct {
 	// Bucket is the name of the top-level bucket holding the records
 	// ("": DefaultBucket). Stores with different buckets share a file
 	// without seeing each other's keys (and each has its own group commit).
+	// A bucket of that name holding anything else is refused with
+	// ErrInvalidConfig.
 	Bucket string
 	// OpenTimeout is how long Open waits for the file lock held by another
 	// process (0: DefaultOpenTimeout). New ignores it.
@@ -230,7 +232,21 @@ func newStore(db *bolt.DB, o Options) (*Store, error) {
 	s := &Store{db: db, name: []byte(o.Bucket), maxBatch: o.MaxBatchSize, batchDelay: o.MaxBatchDelay,
 		sweepPerWrite: o.SweepPerWrite, sweepBatch: o.SweepBatch,
 		reqs: make(chan *op, min(o.MaxBatchSize, 1024)), quit: make(chan struct{}), loopDone: make(chan struct{})}
+	// A bucket of that name that holds anything but a Store's two buckets
+	// is someone else's: the Store would mix its buckets into it, and its
+	// sweep would take a foreign index bucket for its own.
+	var foreign error
 	err := db.Update(func(tx *bolt.Tx) error {
+		if top := tx.Bucket(s.name); top != nil {
+			c := top.Cursor()
+			for k, v := c.First(); k != nil; k, v = c.Next() {
+				if v != nil || !bytes.Equal(k, recordsBucket) && !bytes.Equal(k, expiryBucket) {
+					foreign = fmt.Errorf("%w: boltstore: bucket %q holds %q, which is not a Store's",
+						idempotency.ErrInvalidConfig, o.Bucket, k)
+					return foreign
+				}
+			}
+		}
 		top, err := tx.CreateBucketIfNotExists(s.name)
 		if err != nil {
 			return err
@@ -241,6 +257,9 @@ func newStore(db *bolt.DB, o Options) (*Store, error) {
 		_, err = top.CreateBucketIfNotExists(expiryBucket)
 		return err
 	})
+	if foreign != nil {
+		return nil, foreign
+	}
 	if err != nil {
 		return nil, fmt.Errorf("boltstore: create bucket %q: %w: %w", o.Bucket, idempotency.ErrUnavailable, err)
 	}
@@ -411,8 +430,8 @@ func (s *Store) Begin(ctx context.Context, key, fingerprint string, now time.Tim
 			if err != nil {
 				return err
 			}
-			r := rec{state: stateProcessing, token: tok, leaseUntil: n + int64(lease),
-				expiresAt: n + int64(retention), fp: fingerprint}
+			r := rec{state: stateProcessing, token: tok, leaseUntil: after(n, lease),
+				expiresAt: after(n, retention), fp: fingerprint}
 			if err := b.put(key, &r, cur.expiresAt, found); err != nil {
 				return err
 			}
@@ -430,7 +449,7 @@ func (s *Store) Begin(ctx context.Context, key, fingerprint string, now time.Tim
 			return err
 		}
 		cur.token = tok
-		cur.leaseUntil = n + int64(lease)
+		cur.leaseUntil = after(n, lease)
 		cur.expiresAt = max(cur.expiresAt, cur.leaseUntil)
 		if err := b.put(key, &cur, old, true); err != nil {
 			return err
@@ -542,7 +561,7 @@ func (s *Store) Complete(ctx context.Context, key string, token uint64, resp ide
 		cur.state = stateDone
 		cur.resp = resp
 		cur.leaseUntil = 0
-		cur.expiresAt = n + int64(retention)
+		cur.expiresAt = after(n, retention)
 		if err := b.put(key, &cur, old, true); err != nil {
 			return err
 		}
@@ -556,7 +575,7 @@ func (s *Store) Extend(ctx context.Context, key string, token uint64, now time.T
 	n := unixNano(now)
 	return s.writeClaim(ctx, "extend", key, token, func(b buckets, cur rec) error {
 		old := cur.expiresAt
-		cur.leaseUntil = n + int64(lease)
+		cur.leaseUntil = after(n, lease)
 		cur.expiresAt = max(cur.expiresAt, cur.leaseUntil)
 		return b.put(key, &cur, old, true)
 	})

@@ -109,13 +109,16 @@ func TestCrash(t *testing.T) {
 	}
 	delays := []time.Duration{30 * time.Millisecond, 120 * time.Millisecond, 400 * time.Millisecond, 900 * time.Millisecond}
 	path := filepath.Join(t.TempDir(), "crash.db")
+	var all []string
 	for round, delay := range delays {
 		// The same file every round: later rounds recover from the crash of
-		// the earlier ones and crash again on top.
+		// the earlier ones and crash again on top, so every round checks the
+		// acknowledgments of all of them.
 		acked := crashRound(t, exe, path, delay, false)
 		t.Logf("round %d: killed after %v, %d acknowledged Completes", round, delay, len(acked))
-		if lost := verifyCrash(t, path, acked, true); lost > 0 {
-			t.Errorf("round %d: %d of %d acknowledged Completes lost", round, lost, len(acked))
+		all = append(all, acked...)
+		if lost := verifyCrash(t, path, all, true); lost > 0 {
+			t.Errorf("round %d: %d of %d acknowledged Completes lost", round, lost, len(all))
 		}
 		if t.Failed() {
 			return
@@ -218,6 +221,7 @@ func verifyCrash(t *testing.T, path string, acked []string, strict bool) (lost i
 	}
 	defer s.Close()
 	checkFile(t, s.DB())
+	checkIndex(t, s)
 	g, err := idempotency.NewGuard(s, nil)
 	if err != nil {
 		t.Fatal(err)
