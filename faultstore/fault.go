@@ -2,6 +2,7 @@ package faultstore
 
 import (
 	"context"
+	"math"
 	"math/rand/v2"
 	"strings"
 	"sync"
@@ -81,9 +82,19 @@ func (f *latencyFault) draw() time.Duration {
 	if f.max == f.min {
 		return f.min
 	}
+	// The span is counted in uint64: max-min, and the count of values
+	// in [min, max], can exceed int64 (a range of every Duration, which
+	// Parse accepts, made Int64N panic).
+	span := uint64(f.max) - uint64(f.min)
 	f.mu.Lock()
-	defer f.mu.Unlock()
-	return f.min + time.Duration(f.rng.Int64N(int64(f.max-f.min)+1))
+	var off uint64
+	if span == math.MaxUint64 {
+		off = f.rng.Uint64()
+	} else {
+		off = f.rng.Uint64N(span + 1)
+	}
+	f.mu.Unlock()
+	return time.Duration(uint64(f.min) + off)
 }
 
 func (f *latencyFault) Apply(ctx context.Context, op Op, key string, call func(context.Context) error) error {

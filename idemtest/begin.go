@@ -1,6 +1,7 @@
 package idemtest
 
 import (
+	"strings"
 	"time"
 
 	"github.com/archlab/idempotency"
@@ -146,6 +147,33 @@ var conflictClauses = []clause{
 		e.wantConflict(k, "fp-b", e.at(lease))
 		e.unchanged(k, e.at(lease), before)
 	}},
+	{"fingerprint-exact", fingerprintExact},
+}
+
+// longFingerprint is longer than a SHA-256 in hex (64 bytes) and mixes
+// case, so that a store comparing a prefix or folding case shows it.
+var longFingerprint = "sha256:" + strings.Repeat("aB", 40) + "-end"
+
+// fingerprintExact checks that fingerprints are compared as bytes, whole:
+// any other byte string conflicts.
+func fingerprintExact(e *env) {
+	k := e.key("conflict-exact")
+	fp := longFingerprint
+	rec := e.claim(k, fp, e.at(0))
+	e.wantState("Get of a long fingerprint", e.get(k, e.at(0)), idempotency.Processing, fp, rec.Token)
+	others := []string{fp[:64], fp[:len(fp)-1], fp + "\x00", fp + " ", strings.ToLower(fp), strings.ToUpper(fp)}
+	for _, other := range others {
+		e.wantConflict(k, other, e.at(lease/2))
+	}
+	e.complete(k, rec.Token, sampleResponse("exact"), e.at(1))
+	for _, other := range others {
+		e.wantConflict(k, other, e.at(2))
+	}
+	replay, ok := e.begin(k, fp, e.at(2))
+	if ok || replay.State != idempotency.Done {
+		e.fatalf("Begin with the same long fingerprint: State %q, claimed %v; want a replay", replay.State, ok)
+	}
+	e.wantState("replay of a long fingerprint", replay, idempotency.Done, fp, rec.Token)
 }
 
 func (e *env) wantConflict(key, fp string, now time.Time) {

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"time"
 
 	"github.com/archlab/idempotency"
 )
@@ -17,11 +18,16 @@ type beginResult struct {
 	err     error
 }
 
-// race runs Begin of key from racers goroutines released at once; fp(i)
-// names the fingerprint of goroutine i.
+// race runs Begin of key at e.at(0) from racers goroutines released at
+// once; fp(i) names the fingerprint of goroutine i.
 func (e *env) race(key string, fp func(i int) string) []beginResult {
 	e.t.Helper()
-	now := e.at(0)
+	return e.raceAt(key, e.at(0), fp)
+}
+
+// raceAt is race at now.
+func (e *env) raceAt(key string, now time.Time, fp func(i int) string) []beginResult {
+	e.t.Helper()
 	out := make([]beginResult, racers)
 	var start, done sync.WaitGroup
 	start.Add(1)
@@ -44,28 +50,58 @@ func (e *env) race(key string, fp func(i int) string) []beginResult {
 	return out
 }
 
+// oneWinner checks the results of racers Begins with fingerprint "fp" of
+// key at now, whose record before the race was described by what: exactly
+// one claimed, with a token larger than after, and every other racer saw
+// that claim in flight.
+func (e *env) oneWinner(key, what string, now time.Time, res []beginResult, after uint64) {
+	e.t.Helper()
+	var winner *beginResult
+	for i := range res {
+		if res[i].claimed {
+			if winner != nil {
+				e.fatalf("%d concurrent Begins of %s: two claims (tokens %d and %d), want exactly one", racers, what, winner.rec.Token, res[i].rec.Token)
+			}
+			winner = &res[i]
+		}
+	}
+	if winner == nil {
+		e.fatalf("%d concurrent Begins of %s: no claim, want exactly one", racers, what)
+	}
+	if winner.rec.Token <= after {
+		e.fatalf("%d concurrent Begins of %s: the claim's token %d is not larger than the previous %d", racers, what, winner.rec.Token, after)
+	}
+	for i, r := range res {
+		if !r.claimed {
+			e.wantState(fmt.Sprintf("racer %d (in flight)", i), r.rec, idempotency.Processing, "fp", winner.rec.Token)
+		}
+	}
+	e.wantState("Get after the race", e.get(key, now), idempotency.Processing, "fp", winner.rec.Token)
+}
+
 var concurrencyClauses = []clause{
 	{"one-claim-of-64", func(e *env) {
 		k := e.key("race")
 		res := e.race(k, func(int) string { return "fp" })
-		var winner *beginResult
-		for i := range res {
-			if res[i].claimed {
-				if winner != nil {
-					e.fatalf("%d concurrent Begins: two claims (tokens %d and %d), want exactly one", racers, winner.rec.Token, res[i].rec.Token)
-				}
-				winner = &res[i]
-			}
-		}
-		if winner == nil {
-			e.fatalf("%d concurrent Begins of an absent key: no claim, want exactly one", racers)
-		}
-		for i, r := range res {
-			if !r.claimed {
-				e.wantState(fmt.Sprintf("racer %d (in flight)", i), r.rec, idempotency.Processing, "fp", winner.rec.Token)
-			}
-		}
-		e.wantState("Get after the race", e.get(k, e.at(0)), idempotency.Processing, "fp", winner.rec.Token)
+		e.oneWinner(k, "an absent key", e.at(0), res, 0)
+	}},
+	{"one-takeover-of-64", func(e *env) {
+		// The takeover path must be as atomic as the creation path.
+		k := e.key("race-takeover")
+		first := e.claim(k, "fp", e.at(0))
+		now := e.at(lease)
+		res := e.raceAt(k, now, func(int) string { return "fp" })
+		e.oneWinner(k, "a key whose lease ran out", now, res, first.Token)
+	}},
+	{"one-claim-of-64-after-expiry", func(e *env) {
+		// So must the re-creation of a key whose record left the window but
+		// may still be stored.
+		k := e.key("race-expired")
+		first := e.claim(k, "fp", e.at(0))
+		e.complete(k, first.Token, sampleResponse("old"), e.at(0))
+		now := first.ExpiresAt
+		res := e.raceAt(k, now, func(int) string { return "fp" })
+		e.oneWinner(k, "a key whose record expired", now, res, first.Token)
 	}},
 	{"one-claim-of-64-mixed-fingerprints", func(e *env) {
 		k := e.key("race-mixed")

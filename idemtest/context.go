@@ -3,6 +3,7 @@ package idemtest
 import (
 	"context"
 	"errors"
+	"time"
 )
 
 // canceled returns a context that is already done.
@@ -55,6 +56,31 @@ var contextClauses = []clause{
 		e.claim(k, "fp", e.at(0))
 		_, err := e.s.Get(canceled(), k, e.at(1))
 		e.wantCanceled("Get", err)
+	}},
+	{"deadline-exceeded", func(e *env) {
+		// A ctx whose deadline passed is done as surely as a cancelled one:
+		// every method returns its error and changes nothing.
+		k := e.key("ctx-deadline")
+		expired, cancel := context.WithDeadline(context.Background(), time.Unix(0, 0))
+		defer cancel()
+		wantDeadline := func(op string, err error) {
+			e.t.Helper()
+			if !errors.Is(err, context.DeadlineExceeded) {
+				e.fatalf("%s with a ctx past its deadline = %v, want an error wrapping context.DeadlineExceeded", op, err)
+			}
+		}
+		_, _, err := e.s.Begin(expired, k, "fp", e.at(0), lease, retention)
+		wantDeadline("Begin", err)
+		e.wantNotFound(k, e.at(0))
+		rec := e.claim(k, "fp", e.at(0))
+		now := e.at(lease / 2)
+		wantDeadline("Complete", e.s.Complete(expired, k, rec.Token, sampleResponse("x"), now, retention))
+		wantDeadline("Extend", e.s.Extend(expired, k, rec.Token, now, lease))
+		wantDeadline("Release", e.s.Release(expired, k, rec.Token))
+		wantDeadline("Delete", e.s.Delete(expired, k))
+		_, err = e.s.Get(expired, k, now)
+		wantDeadline("Get", err)
+		e.unchanged(k, now, rec)
 	}},
 	{"canceled-delete", func(e *env) {
 		k := e.key("ctx-delete")

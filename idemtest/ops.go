@@ -1,6 +1,9 @@
 package idemtest
 
 import (
+	"strings"
+	"unicode/utf8"
+
 	"github.com/archlab/idempotency"
 )
 
@@ -28,6 +31,35 @@ var completeClauses = []clause{
 		e.wantState("Get after a late Complete", got, idempotency.Done, "fp", rec.Token)
 		e.wantResponse("Get after a late Complete", got.Response, sampleResponse("late"))
 		e.wantTime("ExpiresAt after a late Complete", got.ExpiresAt, now.Add(retention))
+	}},
+	{"uses-its-retention", func(e *env) {
+		// ExpiresAt becomes now + the retention Complete is given, longer
+		// or shorter than the window Begin opened.
+		now := e.at(lease)
+		long := e.key("complete-longer")
+		rec := e.claim(long, "fp", e.at(0))
+		if err := e.s.Complete(e.ctx, long, rec.Token, sampleResponse("long"), now, 2*retention); err != nil {
+			e.fatalf("Complete with retention %v: unexpected error: %v", 2*retention, err)
+		}
+		e.wantTime("ExpiresAt after Complete with twice the retention", e.get(long, now).ExpiresAt, now.Add(2*retention))
+		past := rec.ExpiresAt.Add(lease) // past the window Begin opened
+		if got, ok := e.begin(long, "fp", past); ok || got.State != idempotency.Done {
+			e.fatalf("Begin past Begin's window, inside Complete's = %+v, claimed %v; want the Done record", got, ok)
+		}
+		if next := e.claim(long, "other", now.Add(2*retention)); next.Token <= rec.Token {
+			e.fatalf("token after Complete's window %d is not larger than %d", next.Token, rec.Token)
+		}
+
+		short := e.key("complete-shorter")
+		rec = e.claim(short, "fp", e.at(0))
+		if err := e.s.Complete(e.ctx, short, rec.Token, sampleResponse("short"), now, 2*lease); err != nil {
+			e.fatalf("Complete with retention %v: unexpected error: %v", 2*lease, err)
+		}
+		e.wantTime("ExpiresAt after Complete with a short retention", e.get(short, now).ExpiresAt, now.Add(2*lease))
+		e.wantNotFound(short, now.Add(2*lease))
+		if next := e.claim(short, "other", now.Add(2*lease)); next.Token <= rec.Token {
+			e.fatalf("token after Complete's window %d is not larger than %d", next.Token, rec.Token)
+		}
 	}},
 }
 
@@ -76,6 +108,37 @@ var extendClauses = []clause{
 		}
 		e.wantState("in-flight answer", ans, idempotency.Processing, "fp", rec.Token)
 	}},
+	{"keeps-window", func(e *env) {
+		// ExpiresAt only grows to cover the lease; a renewal never shortens
+		// the dedup window Begin opened.
+		k := e.key("extend-keeps-window")
+		rec := e.claim(k, "fp", e.at(0))
+		now := e.at(lease / 2)
+		if err := e.s.Extend(e.ctx, k, rec.Token, now, lease); err != nil {
+			e.fatalf("Extend: unexpected error: %v", err)
+		}
+		e.wantTime("ExpiresAt after Extend (kept)", e.get(k, now).ExpiresAt, rec.ExpiresAt)
+		// Past the renewed lease, inside the window: the record is still
+		// there, so another fingerprint conflicts.
+		e.wantConflict(k, "other", now.Add(2*lease))
+	}},
+	{"uses-its-lease", func(e *env) {
+		// LeaseUntil becomes now + the lease Extend is given, not the one
+		// Begin was given.
+		k := e.key("extend-longer")
+		rec := e.claim(k, "fp", e.at(0))
+		now := e.at(lease / 2)
+		if err := e.s.Extend(e.ctx, k, rec.Token, now, 3*lease); err != nil {
+			e.fatalf("Extend by %v: unexpected error: %v", 3*lease, err)
+		}
+		e.wantTime("LeaseUntil after Extend by three leases", e.get(k, now).LeaseUntil, now.Add(3*lease))
+		if ans, ok := e.begin(k, "fp", now.Add(2*lease)); ok {
+			e.fatalf("Begin inside the longer renewed lease claimed the key (token %d); want in flight", ans.Token)
+		}
+		if next := e.claim(k, "fp", now.Add(3*lease)); next.Token <= rec.Token {
+			e.fatalf("takeover token %d is not larger than %d", next.Token, rec.Token)
+		}
+	}},
 	{"after-lease-without-takeover", func(e *env) {
 		k := e.key("extend-late")
 		rec := e.claim(k, "fp", e.at(0))
@@ -105,6 +168,20 @@ var releaseClauses = []clause{
 			e.fatalf("token after Release %d is not larger than %d", next.Token, rec.Token)
 		}
 		e.wantLeaseLost("a second Release with the old token", e.s.Release(e.ctx, k, rec.Token))
+	}},
+	{"after-lease-without-takeover", func(e *env) {
+		// The token decides, not a clock: a claim whose lease ran out (by
+		// the suite's times and by the wall clock) and that nobody took
+		// over can still be released.
+		k := e.key("release-late")
+		rec := e.claim(k, "fp-a", e.at(-3*lease))
+		if err := e.s.Release(e.ctx, k, rec.Token); err != nil {
+			e.fatalf("Release after the lease ran out, nobody took over: %v; want success (the token decides)", err)
+		}
+		e.wantNotFound(k, e.at(0))
+		if next := e.claim(k, "fp-b", e.at(0)); next.Token <= rec.Token {
+			e.fatalf("token after Release %d is not larger than %d", next.Token, rec.Token)
+		}
 	}},
 }
 
@@ -209,6 +286,29 @@ var copyClauses = []clause{
 		replay2, _ := e.begin(k, "fp", e.at(1))
 		e.wantResponse("Begin after mutating a record Begin returned", replay2.Response, sampleResponse("orig"))
 	}},
+	{"conflict-answer", func(e *env) {
+		// A Conflict answer is the caller's too, whatever it carries.
+		k := e.key("copies-conflict")
+		rec := e.claim(k, "fp", e.at(0))
+		e.complete(k, rec.Token, sampleResponse("orig"), e.at(0))
+		ans, ok := e.begin(k, "other", e.at(1))
+		if ok || ans.State != idempotency.Conflict {
+			e.fatalf("Begin with another fingerprint = %+v, claimed %v; want State %q", ans, ok, idempotency.Conflict)
+		}
+		if len(ans.Response.Body) > 0 {
+			ans.Response.Body[0] = 'X'
+		}
+		for _, v := range ans.Response.Header {
+			if len(v) > 0 {
+				v[0] = "text/evil"
+			}
+		}
+		if ans.Response.Header != nil {
+			ans.Response.Header["X-Added"] = []string{"1"}
+		}
+		replay, _ := e.begin(k, "fp", e.at(1))
+		e.wantResponse("replay after mutating a Conflict answer", replay.Response, sampleResponse("orig"))
+	}},
 	{"complete-argument", func(e *env) {
 		k := e.key("copies-argument")
 		rec := e.claim(k, "fp", e.at(0))
@@ -273,6 +373,10 @@ var keyClauses = []clause{
 		}
 		e.oddKey(k)
 	}},
+	{"case", func(e *env) {
+		// Keys are bytes: no case-insensitive collation, no padding.
+		e.oddKey(e.key("Mixed-Case-Key"))
+	}},
 	{"nul-byte", func(e *env) {
 		// Adapters build keys as scope + "\x00" + key.
 		e.oddKey(e.key("scope\x00key"))
@@ -280,11 +384,18 @@ var keyClauses = []clause{
 }
 
 // oddKey checks that key is a key of its own: it round-trips, and neither a
-// prefix nor an extension of it names the same record.
+// prefix, an extension (by a letter or a space), nor a change of case of it
+// names the same record.
 func (e *env) oddKey(key string) {
 	e.t.Helper()
 	rec := e.claim(key, "fp", e.at(0))
-	for _, other := range []string{key[:len(key)-1], key + "x"} {
+	others := []string{key[:len(key)-1], key + "x", key + " "}
+	for _, other := range []string{strings.ToUpper(key), strings.ToLower(key)} {
+		if other != key && utf8.ValidString(key) {
+			others = append(others, other)
+		}
+	}
+	for _, other := range others {
 		if o := e.claim(other, "other", e.at(0)); o.Token == rec.Token {
 			e.fatalf("keys %q and %q share token %d", shorten(key), shorten(other), o.Token)
 		}

@@ -1,0 +1,352 @@
+package idemtest_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/archlab/idempotency"
+	"github.com/archlab/idempotency/idemtest"
+)
+
+// review3Bugs are stores that break one rule of the Store contract each,
+// a rule the suite once did not check. Every one must fail the named
+// clause (checked in process with Clause.Check).
+var review3Bugs = []struct {
+	name   string
+	clause string
+	store  func() idempotency.Store
+}{
+	{"extend-shortens-window", "Extend/keeps-window",
+		func() idempotency.Store { return newRefStore("extend-shortens-window") }},
+	{"extend-begin-lease", "Extend/uses-its-lease",
+		func() idempotency.Store { return newRefStore("extend-begin-lease") }},
+	{"complete-begin-retention", "Complete/uses-its-retention",
+		func() idempotency.Store { return newRefStore("complete-begin-retention") }},
+	{"complete-keeps-longer-window", "Complete/uses-its-retention",
+		func() idempotency.Store { return newRefStore("complete-keeps-longer-window") }},
+	{"takeover-not-atomic", "Concurrency/one-takeover-of-64",
+		func() idempotency.Store { return newRefStore("takeover-not-atomic") }},
+	{"reclaim-not-atomic", "Concurrency/one-claim-of-64-after-expiry",
+		func() idempotency.Store { return newRefStore("reclaim-not-atomic") }},
+	{"fingerprint-truncated", "Conflict/fingerprint-exact",
+		func() idempotency.Store {
+			return &folding{Store: idempotency.NewMemoryStore(), bug: "fingerprint-truncated"}
+		}},
+	{"fingerprint-case-folded", "Conflict/fingerprint-exact",
+		func() idempotency.Store {
+			return &folding{Store: idempotency.NewMemoryStore(), bug: "fingerprint-case-folded"}
+		}},
+	{"keys-case-folded", "Keys/case",
+		func() idempotency.Store {
+			return &folding{Store: idempotency.NewMemoryStore(), bug: "keys-case-folded"}
+		}},
+	{"ignores-deadline", "Context/deadline-exceeded",
+		func() idempotency.Store {
+			return &folding{Store: idempotency.NewMemoryStore(), bug: "ignores-deadline"}
+		}},
+	{"release-judges-wall-clock", "Release/after-lease-without-takeover",
+		func() idempotency.Store {
+			return &folding{Store: idempotency.NewMemoryStore(), bug: "release-judges-wall-clock"}
+		}},
+	{"conflict-aliases-response", "Copies/conflict-answer",
+		func() idempotency.Store { return newRefStore("conflict-aliases-response") }},
+}
+
+func TestRefStorePasses(t *testing.T) {
+	ctx := context.Background()
+	for _, c := range idemtest.Clauses() {
+		if err := c.Check(ctx, newRefStore("")); err != nil {
+			t.Errorf("%s on the reference store: %v", c.Name, err)
+		}
+	}
+}
+
+func TestSuiteCatchesContractGaps(t *testing.T) {
+	ctx := context.Background()
+	clauses := idemtest.Clauses()
+	for _, b := range review3Bugs {
+		t.Run(b.name, func(t *testing.T) {
+			var failed []string
+			found := false
+			for _, c := range clauses {
+				if c.Name == b.clause {
+					found = true
+				}
+				if err := c.Check(ctx, b.store()); err != nil {
+					failed = append(failed, c.Name)
+				}
+			}
+			if !found {
+				t.Fatalf("the suite has no clause %s; it passed a store with bug %q (failing clauses: %v)", b.clause, b.name, failed)
+			}
+			t.Logf("bug %q fails %v", b.name, failed)
+			if !slices.Contains(failed, b.clause) {
+				t.Fatalf("clause %s passed a store with bug %q (failing clauses: %v)", b.clause, b.name, failed)
+			}
+		})
+	}
+}
+
+// refStore is a small, plainly correct Store (one lock, one map) with
+// switches that break it in ways a MemoryStore wrapper cannot express: how
+// it computes the times it stores, and whether a takeover is atomic.
+type refStore struct {
+	bug    string
+	mu     sync.Mutex
+	recs   map[string]*refRecord
+	tokens uint64
+	// conflictResp is the Response handed out with Conflict answers, for
+	// the "conflict-aliases-response" bug.
+	conflictResp map[string]idempotency.Response
+}
+
+type refRecord struct {
+	rec       idempotency.Record
+	lease     time.Duration // given to the Begin that claimed it
+	retention time.Duration
+}
+
+func newRefStore(bug string) *refStore {
+	return &refStore{bug: bug, recs: map[string]*refRecord{}, conflictResp: map[string]idempotency.Response{}}
+}
+
+func cloneResponse(r idempotency.Response) idempotency.Response {
+	out := idempotency.Response{Status: r.Status, Body: slices.Clone(r.Body)}
+	if r.Header != nil {
+		out.Header = make(map[string][]string, len(r.Header))
+		for k, v := range r.Header {
+			out.Header[k] = slices.Clone(v)
+		}
+	}
+	return out
+}
+
+func cloneRecord(r idempotency.Record) idempotency.Record {
+	r.Response = cloneResponse(r.Response)
+	return r
+}
+
+func laterOf(a, b time.Time) time.Time {
+	if a.After(b) {
+		return a
+	}
+	return b
+}
+
+func (s *refStore) live(key string, now time.Time) *refRecord {
+	r := s.recs[key]
+	if r == nil || !now.Before(r.rec.ExpiresAt) {
+		return nil
+	}
+	return r
+}
+
+func (s *refStore) Begin(ctx context.Context, key, fp string, now time.Time, lease, retention time.Duration) (idempotency.Record, bool, error) {
+	if err := ctx.Err(); err != nil {
+		return idempotency.Record{}, false, err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if old := s.recs[key]; old != nil && s.live(key, now) == nil && s.bug == "reclaim-not-atomic" {
+		// An expired record is found, then overwritten without checking
+		// that nobody re-created it in between.
+		s.mu.Unlock()
+		time.Sleep(time.Millisecond)
+		s.mu.Lock()
+		s.tokens++
+		r := &refRecord{lease: lease, retention: retention, rec: idempotency.Record{Fingerprint: fp,
+			State: idempotency.Processing, Token: s.tokens, LeaseUntil: now.Add(lease), ExpiresAt: now.Add(retention)}}
+		s.recs[key] = r
+		return cloneRecord(r.rec), true, nil
+	}
+	r := s.live(key, now)
+	switch {
+	case r == nil:
+		s.tokens++
+		r = &refRecord{lease: lease, retention: retention, rec: idempotency.Record{Fingerprint: fp,
+			State: idempotency.Processing, Token: s.tokens, LeaseUntil: now.Add(lease), ExpiresAt: now.Add(retention)}}
+		s.recs[key] = r
+		return cloneRecord(r.rec), true, nil
+	case r.rec.Fingerprint != fp:
+		ans := idempotency.Record{State: idempotency.Conflict}
+		if s.bug == "conflict-aliases-response" && r.rec.State == idempotency.Done {
+			// The stored result rides along with the conflict, shared.
+			if _, ok := s.conflictResp[key]; !ok {
+				s.conflictResp[key] = r.rec.Response
+			}
+			ans.Response = s.conflictResp[key]
+			r.rec.Response = ans.Response
+		}
+		return ans, false, nil
+	case r.rec.State == idempotency.Done || now.Before(r.rec.LeaseUntil):
+		return cloneRecord(r.rec), false, nil
+	}
+	if s.bug == "takeover-not-atomic" {
+		// Read, then write without checking that nobody wrote between.
+		s.mu.Unlock()
+		time.Sleep(time.Millisecond)
+		s.mu.Lock()
+		if r.rec.State != idempotency.Processing {
+			return cloneRecord(r.rec), false, nil
+		}
+	}
+	s.tokens++
+	r.rec.Token = s.tokens
+	r.rec.LeaseUntil = now.Add(lease)
+	r.rec.ExpiresAt = laterOf(r.rec.ExpiresAt, r.rec.LeaseUntil)
+	return cloneRecord(r.rec), true, nil
+}
+
+func (s *refStore) claim(key string, token uint64) (*refRecord, error) {
+	r := s.recs[key]
+	if r == nil || r.rec.Token != token || r.rec.State != idempotency.Processing {
+		return nil, fmt.Errorf("ref: token %d: %w", token, idempotency.ErrLeaseLost)
+	}
+	return r, nil
+}
+
+func (s *refStore) Complete(ctx context.Context, key string, token uint64, resp idempotency.Response, now time.Time, retention time.Duration) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	r, err := s.claim(key, token)
+	if err != nil {
+		return err
+	}
+	r.rec.State = idempotency.Done
+	r.rec.Response = cloneResponse(resp)
+	r.rec.LeaseUntil = time.Time{}
+	switch s.bug {
+	case "complete-begin-retention":
+		r.rec.ExpiresAt = now.Add(r.retention)
+	case "complete-keeps-longer-window":
+		r.rec.ExpiresAt = laterOf(r.rec.ExpiresAt, now.Add(retention))
+	default:
+		r.rec.ExpiresAt = now.Add(retention)
+	}
+	return nil
+}
+
+func (s *refStore) Extend(ctx context.Context, key string, token uint64, now time.Time, lease time.Duration) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	r, err := s.claim(key, token)
+	if err != nil {
+		return err
+	}
+	if s.bug == "extend-begin-lease" {
+		lease = r.lease
+	}
+	r.rec.LeaseUntil = now.Add(lease)
+	if s.bug == "extend-shortens-window" {
+		r.rec.ExpiresAt = r.rec.LeaseUntil
+	} else {
+		r.rec.ExpiresAt = laterOf(r.rec.ExpiresAt, r.rec.LeaseUntil)
+	}
+	return nil
+}
+
+func (s *refStore) Release(ctx context.Context, key string, token uint64) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if _, err := s.claim(key, token); err != nil {
+		return err
+	}
+	delete(s.recs, key)
+	return nil
+}
+
+func (s *refStore) Get(ctx context.Context, key string, now time.Time) (idempotency.Record, error) {
+	if err := ctx.Err(); err != nil {
+		return idempotency.Record{}, err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	r := s.live(key, now)
+	if r == nil {
+		return idempotency.Record{}, fmt.Errorf("ref: %q: %w", key, idempotency.ErrNotFound)
+	}
+	return cloneRecord(r.rec), nil
+}
+
+func (s *refStore) Delete(ctx context.Context, key string) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	delete(s.recs, key)
+	delete(s.conflictResp, key)
+	return nil
+}
+
+// folding breaks a MemoryStore in what it passes on: keys or fingerprints
+// folded, a context judged in part, a wall clock consulted.
+type folding struct {
+	idempotency.Store
+	bug string
+}
+
+func (f *folding) key(k string) string {
+	if f.bug == "keys-case-folded" {
+		return strings.ToLower(k)
+	}
+	return k
+}
+
+func (f *folding) ctx(ctx context.Context) context.Context {
+	if f.bug == "ignores-deadline" && errors.Is(ctx.Err(), context.DeadlineExceeded) {
+		return context.WithoutCancel(ctx) // only cancellation is noticed
+	}
+	return ctx
+}
+
+func (f *folding) Begin(ctx context.Context, key, fp string, now time.Time, lease, retention time.Duration) (idempotency.Record, bool, error) {
+	switch f.bug {
+	case "fingerprint-truncated":
+		fp = fp[:min(len(fp), 64)] // a CHAR(64) column
+	case "fingerprint-case-folded":
+		fp = strings.ToLower(fp) // a case-insensitive collation
+	}
+	return f.Store.Begin(f.ctx(ctx), f.key(key), fp, now, lease, retention)
+}
+
+func (f *folding) Complete(ctx context.Context, key string, token uint64, resp idempotency.Response, now time.Time, retention time.Duration) error {
+	return f.Store.Complete(f.ctx(ctx), f.key(key), token, resp, now, retention)
+}
+
+func (f *folding) Extend(ctx context.Context, key string, token uint64, now time.Time, lease time.Duration) error {
+	return f.Store.Extend(f.ctx(ctx), f.key(key), token, now, lease)
+}
+
+func (f *folding) Release(ctx context.Context, key string, token uint64) error {
+	if f.bug == "release-judges-wall-clock" {
+		// A lease that ran out by the server's clock is treated as lost.
+		if rec, err := f.Store.Get(ctx, key, time.Now()); err == nil && !time.Now().Before(rec.LeaseUntil) {
+			return fmt.Errorf("folding: release: %w", idempotency.ErrLeaseLost)
+		}
+	}
+	return f.Store.Release(f.ctx(ctx), f.key(key), token)
+}
+
+func (f *folding) Get(ctx context.Context, key string, now time.Time) (idempotency.Record, error) {
+	return f.Store.Get(f.ctx(ctx), f.key(key), now)
+}
+
+func (f *folding) Delete(ctx context.Context, key string) error {
+	return f.Store.Delete(f.ctx(ctx), f.key(key))
+}
