@@ -62,6 +62,8 @@
 // must fit the primary key's index, about 2.7 kB after compression; a
 // longer one fails with ErrUnavailable (SQLSTATE 54000) every time, so
 // bound keys before they reach the store (idemhttp accepts 255 bytes).
+// Leases and retentions longer than a century are taken as a century (times
+// are Unix nanoseconds in bigint columns).
 //
 // Options.OpTimeout (default 5s) bounds every operation, retries included,
 // whatever its ctx: the Guard stores results with a ctx that is never

@@ -6,6 +6,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
+	"math"
 	"sync"
 	"testing"
 	"time"
@@ -147,5 +148,29 @@ func TestMigrateUpToDateWithoutCreatePrivilege(t *testing.T) {
 	}
 	if _, ok, err := s.Begin(ctx, "k", "fp", time.Now(), lease, retention); err != nil || !ok {
 		t.Fatalf("Begin as the application role = %v, %v", ok, err)
+	}
+}
+
+// A retention meant as "for ever" is bounded (maxSpan) instead of
+// overflowing the statements' nanosecond arithmetic: the key is claimed
+// once, replayed after, and its window ends a century on.
+func TestHugeRetention(t *testing.T) {
+	s, _ := newTestStore(t, Options{})
+	ctx := context.Background()
+	now := time.Now()
+	forever := time.Duration(math.MaxInt64)
+	rec, ok, err := s.Begin(ctx, "k", "fp", now, forever, forever)
+	if err != nil || !ok {
+		t.Fatalf("Begin with an endless lease and retention: %v, %v", ok, err)
+	}
+	if err := s.Complete(ctx, "k", rec.Token, idempotency.Response{Status: 201}, now, forever); err != nil {
+		t.Fatal(err)
+	}
+	got, again, err := s.Begin(ctx, "k", "fp", now.Add(24*time.Hour), time.Minute, forever)
+	if err != nil || again || got.State != idempotency.Done {
+		t.Fatalf("Begin a day later = %+v, %v, %v; want the result replayed", got, again, err)
+	}
+	if got.ExpiresAt.Before(now.Add(99 * 365 * 24 * time.Hour)) {
+		t.Errorf("window ends %v, want about a century on", got.ExpiresAt)
 	}
 }

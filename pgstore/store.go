@@ -280,7 +280,7 @@ func (s *Store) Begin(ctx context.Context, key, fingerprint string, now time.Tim
 			row       recordRow
 			claimable bool
 		)
-		err := s.pool.QueryRow(ctx, s.beginSQL, s.args(now, []byte(key), []byte(fingerprint), int64(lease), int64(retention))...).
+		err := s.pool.QueryRow(ctx, s.beginSQL, s.args(now, []byte(key), []byte(fingerprint), span(lease), span(retention))...).
 			Scan(append(row.dest(), &claimed, &claimable)...)
 		if errors.Is(err, pgx.ErrNoRows) || err == nil && !claimed && claimable {
 			return errBeginRace
@@ -327,7 +327,7 @@ func (s *Store) CompleteTx(ctx context.Context, tx pgx.Tx, key string, token uin
 }
 
 func (s *Store) completeArgs(key string, token uint64, resp idempotency.Response, now time.Time, retention time.Duration) []any {
-	return s.args(now, []byte(key), int64(token), int64(resp.Status), wire.EncodeHeader(resp.Header), resp.Body, int64(retention))
+	return s.args(now, []byte(key), int64(token), int64(resp.Status), wire.EncodeHeader(resp.Header), resp.Body, span(retention))
 }
 
 // affected turns an UPDATE or DELETE that changed no row into ErrLeaseLost.
@@ -344,7 +344,7 @@ func (s *Store) affected(tag pgconn.CommandTag, err error) error {
 // Extend implements idempotency.Store.
 func (s *Store) Extend(ctx context.Context, key string, token uint64, now time.Time, lease time.Duration) error {
 	return s.run(ctx, "extend", func(ctx context.Context) error {
-		return s.affected(s.pool.Exec(ctx, s.extendSQL, s.args(now, []byte(key), int64(token), int64(lease))...))
+		return s.affected(s.pool.Exec(ctx, s.extendSQL, s.args(now, []byte(key), int64(token), span(lease))...))
 	})
 }
 
@@ -456,3 +456,11 @@ func unixTime(ns int64) time.Time {
 	}
 	return time.Unix(0, ns)
 }
+
+// maxSpan bounds the leases and retentions sent to the server: the
+// statements add them to a time in Unix nanoseconds (bigint), which a
+// "keep for ever" duration would overflow, failing every call.
+const maxSpan = 100 * 365 * 24 * time.Hour
+
+// span is d in nanoseconds, at most maxSpan.
+func span(d time.Duration) int64 { return int64(min(d, maxSpan)) }
