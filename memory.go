@@ -5,12 +5,13 @@ import (
 	"encoding/binary"
 	"fmt"
 	"hash/maphash"
-	"math"
 	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/archlab/idempotency/internal/wire"
 )
 
 // MemoryOptions configure NewMemoryStoreWith; nil means defaults.
@@ -538,7 +539,7 @@ func (s *MemoryStore) claim(sh *memShard, h uint64, key, fingerprint string, n i
 			return nil, false, fmt.Errorf("idempotency: memory begin: %w: store full (%d records)", ErrUnavailable, s.max)
 		}
 		fresh := memRecord{fp: fingerprint, state: memProcessing, token: s.tokens.Add(1),
-			leaseUntil: after(n, lease), expiresAt: after(n, retention)}
+			leaseUntil: wire.After(n, lease), expiresAt: wire.After(n, retention)}
 		fresh.queuedAt = fresh.expiresAt
 		if rec == nil {
 			rec = sh.add(h, key, fresh)
@@ -553,7 +554,7 @@ func (s *MemoryStore) claim(sh *memShard, h uint64, key, fingerprint string, n i
 		return rec, false, nil
 	}
 	rec.token = s.tokens.Add(1)
-	rec.leaseUntil = after(n, lease)
+	rec.leaseUntil = wire.After(n, lease)
 	rec.expiresAt = max(rec.expiresAt, rec.leaseUntil)
 	return rec, true, nil
 }
@@ -659,7 +660,7 @@ func (s *MemoryStore) Complete(ctx context.Context, key string, token uint64, re
 	rec.state = memDone
 	rec.status, rec.hdr, rec.body = resp.Status, sh.keepHeader(resp.Header), sh.keepBody(resp.Body)
 	rec.leaseUntil = 0
-	rec.expiresAt = after(n, retention)
+	rec.expiresAt = wire.After(n, retention)
 	if rec.expiresAt < rec.queuedAt {
 		// A shorter retention than the claim's: queue the earlier expiry.
 		rec.queuedAt = rec.expiresAt
@@ -681,7 +682,7 @@ func (s *MemoryStore) Extend(ctx context.Context, key string, token uint64, now 
 	if rec == nil || rec.token != token || rec.state != memProcessing {
 		return fmt.Errorf("idempotency: memory extend: %w", ErrLeaseLost)
 	}
-	rec.leaseUntil = after(now.UnixNano(), lease)
+	rec.leaseUntil = wire.After(now.UnixNano(), lease)
 	rec.expiresAt = max(rec.expiresAt, rec.leaseUntil)
 	return nil
 }
@@ -817,17 +818,4 @@ func siftDown(a []expiry, i int) {
 		a[i], a[m] = a[m], a[i]
 		i = m
 	}
-}
-
-// after is n+d, saturated: a Duration that runs past the end of int64
-// nanoseconds (the year 2262) must not wrap to an instant in the past,
-// which would make every record expired as soon as written.
-func after(n int64, d time.Duration) int64 {
-	switch {
-	case d > 0 && n > math.MaxInt64-int64(d):
-		return math.MaxInt64
-	case d < 0 && n < math.MinInt64-int64(d):
-		return math.MinInt64
-	}
-	return n + int64(d)
 }

@@ -55,6 +55,7 @@ import (
 	bolt "go.etcd.io/bbolt"
 
 	"github.com/archlab/idempotency"
+	"github.com/archlab/idempotency/internal/wire"
 )
 
 // Defaults for the zero values of Options' fields.
@@ -430,8 +431,8 @@ func (s *Store) Begin(ctx context.Context, key, fingerprint string, now time.Tim
 			if err != nil {
 				return err
 			}
-			r := rec{state: stateProcessing, token: tok, leaseUntil: after(n, lease),
-				expiresAt: after(n, retention), fp: fingerprint}
+			r := rec{state: stateProcessing, token: tok, leaseUntil: wire.After(n, lease),
+				expiresAt: wire.After(n, retention), fp: fingerprint}
 			if err := b.put(key, &r, cur.expiresAt, found); err != nil {
 				return err
 			}
@@ -449,7 +450,7 @@ func (s *Store) Begin(ctx context.Context, key, fingerprint string, now time.Tim
 			return err
 		}
 		cur.token = tok
-		cur.leaseUntil = after(n, lease)
+		cur.leaseUntil = wire.After(n, lease)
 		cur.expiresAt = max(cur.expiresAt, cur.leaseUntil)
 		if err := b.put(key, &cur, old, true); err != nil {
 			return err
@@ -561,7 +562,7 @@ func (s *Store) Complete(ctx context.Context, key string, token uint64, resp ide
 		cur.state = stateDone
 		cur.resp = resp
 		cur.leaseUntil = 0
-		cur.expiresAt = after(n, retention)
+		cur.expiresAt = wire.After(n, retention)
 		if err := b.put(key, &cur, old, true); err != nil {
 			return err
 		}
@@ -575,7 +576,7 @@ func (s *Store) Extend(ctx context.Context, key string, token uint64, now time.T
 	n := unixNano(now)
 	return s.writeClaim(ctx, "extend", key, token, func(b buckets, cur rec) error {
 		old := cur.expiresAt
-		cur.leaseUntil = after(n, lease)
+		cur.leaseUntil = wire.After(n, lease)
 		cur.expiresAt = max(cur.expiresAt, cur.leaseUntil)
 		return b.put(key, &cur, old, true)
 	})

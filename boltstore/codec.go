@@ -4,7 +4,6 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"math"
 	"time"
 
 	"github.com/archlab/idempotency"
@@ -74,18 +73,6 @@ func unixNano(t time.Time) int64 {
 		return 0
 	}
 	return t.UnixNano()
-}
-
-// after is n+d, saturated: a Duration that runs past the end of int64
-// nanoseconds (the year 2262) must not wrap to an instant in the past.
-func after(n int64, d time.Duration) int64 {
-	switch {
-	case d > 0 && n > math.MaxInt64-int64(d):
-		return math.MaxInt64
-	case d < 0 && n < math.MinInt64-int64(d):
-		return math.MinInt64
-	}
-	return n + int64(d)
 }
 
 // encode appends r's encoding to dst.

@@ -1,5 +1,7 @@
-// Package wire holds encodings shared by the engines that store records
-// as bytes (pgstore, redisstore).
+// Package wire holds what the stores share about their records: the
+// header encoding of the engines that store records as bytes (pgstore,
+// redisstore) and the saturated time arithmetic of those that keep times as
+// Unix nanoseconds (the MemoryStore, boltstore).
 package wire
 
 import (
