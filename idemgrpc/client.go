@@ -61,7 +61,9 @@ type ClientOptions struct {
 // idempotency-key with every guarded call: the one already in the outgoing
 // metadata if any, else the context's (WithKey, EnsureKey), else a fresh one
 // for this call alone. gRPC's retry policy resends the metadata of the
-// logical call, so its retries carry the same key.
+// logical call, so its retries carry the same key. Chain it before
+// (outside) any retrying client interceptor, which would otherwise call it
+// once per attempt, each time with a fresh key.
 func UnaryClientInterceptor(opts *ClientOptions) grpc.UnaryClientInterceptor {
 	var o ClientOptions
 	if opts != nil {

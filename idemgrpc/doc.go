@@ -6,9 +6,12 @@
 //
 // # The key
 //
-// The server takes the key from the incoming metadata field
-// "idempotency-key" or, in the style of AIP-155's request_id field, from the
-// request message through Options.KeyFunc. Keys are 1 to 255 visible ASCII
+// The server takes the key from the request message through
+// Options.KeyFunc, in the style of AIP-155's request_id field, or, when that
+// gives none, from the incoming metadata field "idempotency-key". The
+// request's key comes first because the client interceptor gives every call
+// a fresh metadata key: a retry with the same request_id must not be a new
+// operation. Keys are 1 to 255 visible ASCII
 // characters. A call without a key runs unguarded unless Options.Required is
 // set, in which case it fails with InvalidArgument. With Options.Methods nil
 // that is every unary method, health checks (grpc.health.v1.Health/Check)
@@ -40,15 +43,17 @@
 // # What is stored and replayed
 //
 // The response message (its wire encoding and its full type name), the
-// header metadata the handler set with grpc.SetHeader or grpc.SendHeader
-// (captured by wrapping the handler's ServerTransportStream, so that
-// grpc.SetSendCompressor and grpc.ClientSupportedCompressors, which need
-// gRPC's own stream, fail in a guarded handler),
-// and, when Options.StoreErrors is set, the status of a failed call. A
-// replay sends the stored header metadata plus "idempotency-replayed: true"
-// and a response decoded into a new message of the stored type (looked up in
-// protoregistry.GlobalTypes, or made by Options.NewResponse). Trailer
-// metadata (grpc.SetTrailer) is not stored: a replay sends none.
+// header metadata the handler set with grpc.SetHeader or grpc.SendHeader and
+// the trailer metadata it set with grpc.SetTrailer (captured by wrapping the
+// handler's ServerTransportStream, so that grpc.SetSendCompressor and
+// grpc.ClientSupportedCompressors, which need gRPC's own stream, fail in a
+// guarded handler), and, when Options.StoreErrors is set, the status of a
+// failed call. A replay sends the stored header metadata plus
+// "idempotency-replayed: true", the stored trailer metadata, and a response
+// decoded into a new message of the stored type (looked up in
+// protoregistry.GlobalTypes, or made by Options.NewResponse). Metadata set
+// by interceptors before this one is not stored: they run again on a
+// replay.
 //
 // # Status codes
 //
@@ -105,7 +110,10 @@
 // that context for every attempt. gRPC's own retry policy (service config
 // retryPolicy) and transparent retries run below the interceptors: the
 // interceptor runs once per logical call, and every attempt resends the same
-// metadata, hence the same key. Hedged attempts (a hedgingPolicy, which
+// metadata, hence the same key. A retrying client interceptor (such as
+// go-grpc-middleware's retry) is another matter: it calls the interceptors
+// chained after it once per attempt, so chain this one before it, or each
+// attempt gets a fresh key and is a new operation. Hedged attempts (a hedgingPolicy, which
 // clients in other languages implement) run at the same time with the same
 // key: all but the first are answered Aborted while it runs, so list
 // ABORTED in the policy's nonFatalStatusCodes, or the first such answer

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -37,14 +38,19 @@ const MaxKeyLen = 255
 // collide with it.
 const typeField = ":type"
 
+// trailerPrefix marks a trailer field in the stored header, invalid as a
+// metadata key for the same reason.
+const trailerPrefix = ":trailer:"
+
 // Options configure UnaryServerInterceptor; nil means all defaults.
 type Options struct {
 	// Methods reports whether a full method name ("/pkg.Service/Method") is
 	// guarded. nil guards every unary method.
 	Methods func(fullMethod string) bool
-	// KeyFunc returns the key of a request when the metadata carries none,
-	// for APIs with an AIP-155 request_id field. "" means no key. nil: keys
-	// come from metadata only.
+	// KeyFunc returns the key of a request, for APIs with an AIP-155
+	// request_id field. A key it returns wins over the metadata's (which the
+	// client interceptor makes fresh for each call); "" means the metadata
+	// decides. nil: keys come from metadata only.
 	KeyFunc func(ctx context.Context, req any) string
 	// Scope returns a namespace for the caller (a tenant, an authenticated
 	// principal), so that two callers choosing the same key do not collide
@@ -197,8 +203,14 @@ func (s *server) now() time.Time {
 }
 
 func (s *server) key(ctx context.Context, req any) (string, error) {
+	// The request's own key comes first: the client interceptor attaches a
+	// fresh metadata key to every call, which would make each retry with
+	// the same request_id a new operation.
 	var key string
-	if vals := metadata.ValueFromIncomingContext(ctx, MetadataKey); len(vals) > 0 {
+	if s.opts.KeyFunc != nil {
+		key = s.opts.KeyFunc(ctx, req)
+	}
+	if vals := metadata.ValueFromIncomingContext(ctx, MetadataKey); key == "" && len(vals) > 0 {
 		if len(vals) > 1 {
 			return "", errors.New("idemgrpc: more than one " + MetadataKey)
 		}
@@ -206,8 +218,6 @@ func (s *server) key(ctx context.Context, req any) (string, error) {
 		if key == "" {
 			return "", errors.New("idemgrpc: empty " + MetadataKey)
 		}
-	} else if s.opts.KeyFunc != nil {
-		key = s.opts.KeyFunc(ctx, req)
 	}
 	if len(key) > MaxKeyLen {
 		return "", fmt.Errorf("idemgrpc: %s longer than %d bytes", MetadataKey, MaxKeyLen)
@@ -302,19 +312,31 @@ func (s *server) encode(reply any, herr error, header metadata.MD) (idempotency.
 
 func (s *server) replay(ctx context.Context, method string, r idempotency.Response) (any, error) {
 	md := metadata.MD{}
+	var trailer metadata.MD
 	var typeName string
 	for k, v := range r.Header {
-		if k == typeField {
+		switch {
+		case k == typeField:
 			if len(v) > 0 {
 				typeName = v[0]
 			}
-			continue
+		case strings.HasPrefix(k, trailerPrefix):
+			if trailer == nil {
+				trailer = metadata.MD{}
+			}
+			trailer[k[len(trailerPrefix):]] = v
+		default:
+			md[k] = v
 		}
-		md[k] = v
 	}
 	md.Set(ReplayedKey, "true")
 	if err := grpc.SetHeader(ctx, md); err != nil {
 		return nil, status.Errorf(codes.Internal, "idemgrpc: replay header: %v", err)
+	}
+	if trailer != nil {
+		if err := grpc.SetTrailer(ctx, trailer); err != nil {
+			return nil, status.Errorf(codes.Internal, "idemgrpc: replay trailer: %v", err)
+		}
 	}
 	if codes.Code(r.Status) != codes.OK {
 		sp := &spb.Status{}
@@ -350,22 +372,23 @@ func inFlight(now, leaseUntil time.Time) error {
 	return st.Err()
 }
 
-// captureStream records the header metadata a handler sets, and forwards
-// everything to the real stream.
+// captureStream records the header and trailer metadata a handler sets,
+// trailer fields under trailerPrefix, and forwards everything to the real
+// stream.
 type captureStream struct {
 	grpc.ServerTransportStream
 	mu sync.Mutex
 	md metadata.MD
 }
 
-func (c *captureStream) add(md metadata.MD) {
+func (c *captureStream) add(prefix string, md metadata.MD) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.md == nil {
 		c.md = metadata.MD{}
 	}
 	for k, v := range md {
-		c.md[k] = append(c.md[k], v...)
+		c.md[prefix+k] = append(c.md[prefix+k], v...)
 	}
 }
 
@@ -386,7 +409,7 @@ func (c *captureStream) SetHeader(md metadata.MD) error {
 	if err := c.ServerTransportStream.SetHeader(md); err != nil {
 		return err
 	}
-	c.add(md)
+	c.add("", md)
 	return nil
 }
 
@@ -394,6 +417,14 @@ func (c *captureStream) SendHeader(md metadata.MD) error {
 	if err := c.ServerTransportStream.SendHeader(md); err != nil {
 		return err
 	}
-	c.add(md)
+	c.add("", md)
+	return nil
+}
+
+func (c *captureStream) SetTrailer(md metadata.MD) error {
+	if err := c.ServerTransportStream.SetTrailer(md); err != nil {
+		return err
+	}
+	c.add(trailerPrefix, md)
 	return nil
 }
