@@ -140,6 +140,8 @@ type checker struct {
 	// identifies: two executions of one body give different answers,
 	// the keys they echo aside.
 	identifies bool
+	// bodyIdentifies: the bodies alone do (else Location does too).
+	bodyIdentifies bool
 	// answered are CheckRetry's keys with their first answers, for the
 	// late retry of checkWindow.
 	answered []answeredKey
@@ -274,6 +276,9 @@ func (r reply) same(o reply) bool {
 	}
 	return true
 }
+
+// result is what names the execution behind r: its Location and body.
+func (r reply) result() string { return r.field("Location") + "\x00" + string(r.body) }
 
 // field is the value of one of replayedFields, Content-Type reduced to its
 // media type.

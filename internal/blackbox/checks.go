@@ -88,9 +88,13 @@ func (c *checker) preflight(ctx context.Context) error {
 	// An answer that names its key (a resource whose id is the key) but
 	// nothing else unique to the execution differs from key to key, and
 	// is the same bytes however often one key runs: compare the answers
-	// without the keys.
+	// without the keys. The created resource may be named by Location
+	// alone (201, a body that is the same for every execution).
 	ea, eb := bytes.ReplaceAll(ra.body, []byte(a.key), nil), bytes.ReplaceAll(rb.body, []byte(b.key), nil)
-	c.identifies = !(ra.ok() && rb.ok() && bytes.Equal(ea, eb))
+	la, lb := strings.ReplaceAll(ra.field("Location"), a.key, ""), strings.ReplaceAll(rb.field("Location"), b.key, "")
+	both := ra.ok() && rb.ok()
+	c.bodyIdentifies = !(both && bytes.Equal(ea, eb))
+	c.identifies = c.bodyIdentifies || !(both && la == lb)
 	if !c.identifies {
 		c.logf("note: two executions of one body answered the same bytes (the keys aside); double execution is invisible")
 	}
@@ -200,11 +204,21 @@ func (c *checker) checkWindow(ctx context.Context) {
 }
 
 // checkConcurrent: duplicates released together yield at most one distinct
-// 2xx body, and a later retry replays it.
+// 2xx result (body and Location), and a later retry replays it.
+//
+// A target that marks its replays (CheckRetry saw one) answers at most one
+// duplicate unmarked: the others are replays or 409. More than one
+// unmarked 2xx is more than one execution, even where every answer is the
+// same bytes (answers that do not identify executions, or every runner
+// answered the first stored result).
 func (c *checker) checkConcurrent(ctx context.Context) {
-	if !c.identifies {
-		c.rep.Skip(CheckConcurrent, "two executions of one body answered identical bytes, "+
-			"so a second execution would be invisible; the target's answers must hold something unique per execution (an id)")
+	c.mu.Lock()
+	marks := c.markedReplays > 0
+	c.mu.Unlock()
+	if !c.identifies && !marks {
+		c.rep.Skip(CheckConcurrent, "two executions of one body answered identical bytes and no replay was marked "+
+			ReplayedHeader+": true, so a second execution would be invisible; the target's answers must hold "+
+			"something unique per execution (an id), or its replays a mark")
 		return
 	}
 	n := c.cfg.Concurrency
@@ -227,7 +241,8 @@ func (c *checker) checkConcurrent(ctx context.Context) {
 		wg.Wait()
 
 		var problems []string
-		var successes [][]byte // distinct 2xx bodies: executions
+		unmarked := 0          // 2xx answered as first answers
+		var successes []string // distinct 2xx results: executions
 		var answers []reply    // distinct 2xx answers (status, body, fields)
 		statuses := map[int]int{}
 		for i, r := range replies {
@@ -238,8 +253,11 @@ func (c *checker) checkConcurrent(ctx context.Context) {
 			statuses[r.status]++
 			switch {
 			case r.ok():
-				if !slices.ContainsFunc(successes, func(b []byte) bool { return bytes.Equal(b, r.body) }) {
-					successes = append(successes, r.body)
+				if !r.replayed() {
+					unmarked++
+				}
+				if !slices.Contains(successes, r.result()) {
+					successes = append(successes, r.result())
 				}
 				if !slices.ContainsFunc(answers, r.same) {
 					answers = append(answers, r)
@@ -249,10 +267,19 @@ func (c *checker) checkConcurrent(ctx context.Context) {
 				problems = append(problems, fmt.Sprintf("a duplicate answered %s, want 2xx or 409", r))
 			}
 		}
+		if marks && unmarked > 1 {
+			problems = append(problems, fmt.Sprintf("%d duplicates answered 2xx without %s: true, as only a first answer "+
+				"is, though the target marks its replays: it ran %d times (or answered replays unmarked)",
+				unmarked, ReplayedHeader, unmarked))
+		}
 		if len(successes) > 1 {
 			ex := make([]string, 0, 3)
-			for _, b := range successes[:min(3, len(successes))] {
-				ex = append(ex, short(b))
+			for _, res := range successes[:min(3, len(successes))] {
+				loc, body, _ := strings.Cut(res, "\x00")
+				if loc != "" {
+					body += " [Location: " + loc + "]"
+				}
+				ex = append(ex, short([]byte(body)))
 			}
 			problems = append(problems, fmt.Sprintf("%d distinct 2xx bodies, so it ran at least %d times: %s",
 				len(successes), len(successes), strings.Join(ex, ", ")))
@@ -510,9 +537,7 @@ func (c *checker) checkScope(ctx context.Context) {
 		}
 		var problems []string
 		switch {
-		case bytes.Equal(b.body, a.body):
-			// The body alone: the first caller's result under another
-			// status or fields is still the first caller's result.
+		case c.sameResult(a, b):
 			problems = append(problems, fmt.Sprintf("the second caller got the first caller's result %s (the first caller's answer %s)", b, a))
 		case b.replayed():
 			problems = append(problems, fmt.Sprintf("the second caller's first request was answered as a replay: %s", b))
@@ -532,4 +557,15 @@ func (c *checker) checkScope(ctx context.Context) {
 		}
 		c.rep.Fail(CheckScope, "key %s: %s", req.key, strings.Join(problems, "; "))
 	}
+}
+
+// sameResult reports whether a and b are one execution's result: the body
+// alone where bodies identify executions (the first caller's result under
+// another status or fields is still the first caller's result), else the
+// body and Location.
+func (c *checker) sameResult(a, b reply) bool {
+	if c.bodyIdentifies {
+		return bytes.Equal(a.body, b.body)
+	}
+	return a.result() == b.result()
 }

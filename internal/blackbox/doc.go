@@ -23,7 +23,10 @@
 //     together, yield at most one distinct 2xx answer; the others are
 //     replays of it or 409 (in flight). Two 2xx bodies mean two executions;
 //     one body under two statuses means a duplicate did not get the first
-//     answer. A later retry replays that answer.
+//     answer. A later retry replays that answer. A target that marks its
+//     replays answers at most one duplicate 2xx unmarked: more are more
+//     executions, even under one body (answers that do not identify
+//     executions, or runners that all answer the first stored result).
 //   - CheckPayload: the same key with another body gets Config.ConflictStatus
 //     (422 unless set).
 //   - CheckMalformed: malformed Idempotency-Key values (empty, a list,
@@ -46,13 +49,13 @@
 // # What a black box can see
 //
 // Double execution is visible only in the responses. Run tells two
-// executions apart by their bodies, so the target must answer something
-// unique per execution, as a created resource's id is. Before the checks
+// executions apart by their bodies and Location fields, so the target must
+// answer something unique per execution, as a created resource's id is. Before the checks
 // Run sends one body under two fresh keys; if both answers are identical
 // once each is rid of its own key (an answer that only echoes the key, a
 // resource named after it, is the same bytes however often the key runs),
-// the target's responses do not identify executions: CheckConcurrent and
-// CheckScope are skipped with that reason, CheckLost compares no answers
+// the target's responses do not identify executions: CheckScope is skipped
+// with that reason, CheckConcurrent too unless the target marks replays, CheckLost compares no answers
 // and CheckRetry counts only marked replays. A server that runs a request
 // twice and answers the same bytes both times cannot be caught this way;
 // nor can one that runs a duplicate and then answers it 409 (a claim

@@ -23,7 +23,8 @@ type Check struct {
 	// Examples describe the first failures, for the report.
 	Examples []string
 	// Skipped, when set, says why the check could not run; it neither
-	// passes nor fails.
+	// passes nor fails, unless a violation was recorded before it was
+	// skipped: what was seen stands.
 	Skipped string
 }
 
@@ -110,10 +111,12 @@ func (r *Report) Checks() []Check {
 }
 
 // Counts returns how many checks held and how many did not (skipped checks
-// are in neither).
+// are in neither, unless a violation was recorded first).
 func (r *Report) Counts() (passed, failed int) {
 	for _, c := range r.Checks() {
 		switch {
+		case c.Failed > 0:
+			failed++
 		case c.Skipped != "":
 		case c.OK():
 			passed++
@@ -136,10 +139,10 @@ func (r *Report) Write(w io.Writer) error {
 	for _, c := range checks {
 		result := "ok"
 		switch {
-		case c.Skipped != "":
-			result = "skipped"
 		case c.Failed > 0:
 			result = "FAILED"
+		case c.Skipped != "":
+			result = "skipped"
 		case c.Passed == 0:
 			result = "FAILED (not exercised)"
 		}

@@ -39,3 +39,25 @@ func TestReport(t *testing.T) {
 		t.Error("OK() with failures")
 	}
 }
+
+// A check skipped after it was violated stays violated: the reason it
+// could not run to the end does not undo what was seen.
+func TestSkipKeepsFailures(t *testing.T) {
+	r := New()
+	r.Pass("a")
+	r.Fail("a", "key %d ran twice", 1)
+	r.Skip("a", "nothing more could be judged")
+	if r.OK() {
+		t.Error("OK() after a violation, then a skip")
+	}
+	if passed, failed := r.Counts(); passed != 0 || failed != 1 {
+		t.Errorf("Counts() = %d, %d; want 0, 1", passed, failed)
+	}
+	var b strings.Builder
+	if err := r.Write(&b); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(b.String(), "FAILED") || !strings.HasSuffix(b.String(), "0 passed, 1 failed\n") {
+		t.Errorf("report does not show the violation:\n%s", b.String())
+	}
+}
