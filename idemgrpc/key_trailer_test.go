@@ -128,21 +128,5 @@ func TestShortClientDeadlineStillStores(t *testing.T) {
 	if _, _, err := f.echo(short, "k-deadline", "v"); status.Code(err) != codes.DeadlineExceeded {
 		t.Fatalf("short call: %v, want DeadlineExceeded", err)
 	}
-	deadline := time.Now().Add(5 * time.Second)
-	for {
-		out, h, err := f.echo(testCtx(t), "k-deadline", "v")
-		if err == nil {
-			if out.GetValue() != "charged" || len(h.Get(idemgrpc.ReplayedKey)) != 1 {
-				t.Errorf("retry: %v, replayed %v; want the stored response", out, h.Get(idemgrpc.ReplayedKey))
-			}
-			break
-		}
-		if status.Code(err) != codes.Aborted || time.Now().After(deadline) {
-			t.Fatalf("retry: %v", err)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-	if n := f.svc.executions("v"); n != 1 {
-		t.Errorf("handler ran %d times, want 1", n)
-	}
+	retryUntilReplayed(t, f, "k-deadline")
 }

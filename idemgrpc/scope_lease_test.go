@@ -166,9 +166,17 @@ func TestClientGoneMidHandler(t *testing.T) {
 		t.Fatalf("duplicate while the handler still runs: %v, want Aborted", err)
 	}
 	close(release)
+	retryUntilReplayed(t, f, "k-gone")
+}
+
+// retryUntilReplayed retries key (value "v") while it answers Aborted (its
+// handler still running), for at most 5 s, and wants the stored "charged"
+// response replayed and the handler run once.
+func retryUntilReplayed(t *testing.T, f *fixture, key string) {
+	t.Helper()
 	deadline := time.Now().Add(5 * time.Second)
 	for {
-		out, h, err := f.echo(testCtx(t), "k-gone", "v")
+		out, h, err := f.echo(testCtx(t), key, "v")
 		if err == nil {
 			if out.GetValue() != "charged" || len(h.Get(idemgrpc.ReplayedKey)) != 1 {
 				t.Errorf("retry: %v, replayed %v; want the stored response", out, h.Get(idemgrpc.ReplayedKey))
