@@ -121,6 +121,9 @@ func TestShortClientDeadlineStillStores(t *testing.T) {
 			return nil, status.Error(codes.Internal, "no deadline reached the handler")
 		}
 		<-ctx.Done()
+		// The server's deadline can fire a moment before the client's: answer
+		// well after both, so that the client has surely given up.
+		time.Sleep(100 * time.Millisecond)
 		return wrapperspb.String("charged"), nil
 	}
 	short, cancel := context.WithTimeout(testCtx(t), 50*time.Millisecond)
