@@ -31,18 +31,7 @@ func TestKeyFuncWinsOverClientKey(t *testing.T) {
 		}},
 		dialOpts: []grpc.DialOption{grpc.WithUnaryInterceptor(idemgrpc.UnaryClientInterceptor(nil))},
 	})
-	ctx := testCtx(t)
-	in, _ := structpb.NewStruct(map[string]any{"request_id": "0f1e2d3c", "amount": 7})
-	var outs [2]*structpb.Struct
-	for i := range outs {
-		outs[i] = new(structpb.Struct)
-		if err := f.conn.Invoke(ctx, putMethod, in, outs[i]); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if n := f.svc.executions("put"); n != 1 || !proto.Equal(outs[0], outs[1]) {
-		t.Errorf("same request_id ran %d times, replies %v / %v; want 1 and equal", n, outs[0], outs[1])
-	}
+	putTwiceRunsOnce(t, f)
 }
 
 // TestStoredErrorReplaysHeaderAndDetails: with StoreErrors, a retry sees

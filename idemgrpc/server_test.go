@@ -289,18 +289,7 @@ func TestKeyFuncRequestID(t *testing.T) {
 		}
 		return ""
 	}}})
-	ctx := testCtx(t)
-	in, _ := structpb.NewStruct(map[string]any{"request_id": "0f1e2d3c", "amount": 7})
-	var outs [2]*structpb.Struct
-	for i := range outs {
-		outs[i] = new(structpb.Struct)
-		if err := f.conn.Invoke(ctx, putMethod, in, outs[i]); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if n := f.svc.executions("put"); n != 1 || !proto.Equal(outs[0], outs[1]) {
-		t.Errorf("ran %d times, replies %v / %v; want 1 and equal", n, outs[0], outs[1])
-	}
+	putTwiceRunsOnce(t, f)
 }
 
 func TestHandlerErrors(t *testing.T) {
@@ -505,5 +494,23 @@ func TestRawContextErrorsNeverStored(t *testing.T) {
 				t.Errorf("handler ran %d times, want 1", n)
 			}
 		})
+	}
+}
+
+// putTwiceRunsOnce calls Put twice with one request_id and wants one
+// execution and equal replies.
+func putTwiceRunsOnce(t *testing.T, f *fixture) {
+	t.Helper()
+	ctx := testCtx(t)
+	in, _ := structpb.NewStruct(map[string]any{"request_id": "0f1e2d3c", "amount": 7})
+	var outs [2]*structpb.Struct
+	for i := range outs {
+		outs[i] = new(structpb.Struct)
+		if err := f.conn.Invoke(ctx, putMethod, in, outs[i]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := f.svc.executions("put"); n != 1 || !proto.Equal(outs[0], outs[1]) {
+		t.Errorf("same request_id ran %d times, replies %v / %v; want 1 and equal", n, outs[0], outs[1])
 	}
 }

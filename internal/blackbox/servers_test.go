@@ -68,18 +68,10 @@ type toyRecord struct {
 }
 
 func (s *toy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	body, err := io.ReadAll(r.Body)
-	if err != nil {
-		http.Error(w, err.Error(), http.StatusBadRequest)
+	id, _, fp, body, ok := toyRequest(w, r)
+	if !ok {
 		return
 	}
-	key, err := idemhttp.ParseKey(r.Header["Idempotency-Key"])
-	if err != nil {
-		http.Error(w, err.Error(), http.StatusBadRequest)
-		return
-	}
-	id := r.Header.Get("Authorization") + "\x00" + key
-	fp := sha256.Sum256(body)
 	w.Header().Set("Content-Type", "application/json")
 	if s.checkThenAct {
 		s.mu.Lock()
@@ -149,4 +141,21 @@ func guarded(opts *idemhttp.Options) (http.Handler, error) {
 		return nil, err
 	}
 	return m.Handler(&orders{}), nil
+}
+
+// toyRequest reads what the toy servers key and fingerprint a request by:
+// the caller and key (id), the key, the body's SHA-256 and the body. On a
+// bad request it answers 400 and reports false.
+func toyRequest(w http.ResponseWriter, r *http.Request) (id, key string, fp [32]byte, body []byte, ok bool) {
+	body, err := io.ReadAll(r.Body)
+	if err != nil {
+		http.Error(w, err.Error(), http.StatusBadRequest)
+		return "", "", fp, nil, false
+	}
+	key, err = idemhttp.ParseKey(r.Header["Idempotency-Key"])
+	if err != nil {
+		http.Error(w, err.Error(), http.StatusBadRequest)
+		return "", "", fp, nil, false
+	}
+	return r.Header.Get("Authorization") + "\x00" + key, key, sha256.Sum256(body), body, true
 }

@@ -50,18 +50,10 @@ type shakyRecord struct {
 }
 
 func (s *shaky) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	body, err := io.ReadAll(r.Body)
-	if err != nil {
-		http.Error(w, err.Error(), http.StatusBadRequest)
+	id, key, fp, body, ok := toyRequest(w, r)
+	if !ok {
 		return
 	}
-	key, err := idemhttp.ParseKey(r.Header["Idempotency-Key"])
-	if err != nil {
-		http.Error(w, err.Error(), http.StatusBadRequest)
-		return
-	}
-	id := r.Header.Get("Authorization") + "\x00" + key
-	fp := sha256.Sum256(body)
 	w.Header().Set("Content-Type", "application/json")
 
 	s.mu.Lock()
