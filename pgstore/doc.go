@@ -8,6 +8,11 @@
 // nothing), safe when several instances migrate at once (transaction
 // advisory locks serialize them) and one transaction per migration. Run it
 // at startup or at deploy time; New itself does not touch the database.
+// Migrate fails with idempotency.ErrInvalidConfig, changing nothing, on a
+// schema that a newer build migrated further than it knows (so an old
+// binary that runs Migrate at startup stops instead of misreading it), and
+// when a name it would create is taken, by another store in the schema
+// whose Table is one of its derived names or by the application.
 // One row per key holds the state, the fencing token (drawn from the
 // sequence <table>_token_seq, so tokens strictly increase per key across
 // takeover, release, deletion and expiry), the lease and window ends as

@@ -9,6 +9,8 @@ import (
 	"io/fs"
 	"slices"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/archlab/idempotency"
 )
 
@@ -22,6 +24,13 @@ var migrations embed.FS
 // safe to run from several processes at once: each migration runs in its
 // own transaction, under transaction advisory locks on the schema's and
 // the table's names, after re-reading the version under them.
+//
+// It fails with ErrInvalidConfig, changing nothing, when the schema is at a
+// version newer than this build knows (a newer build migrated it; this one
+// would misread it), or when a name it would create is taken by a relation
+// that is not this store's: another store's Table in the same schema that
+// equals one of this store's derived names, or the reverse (Tables "a" and
+// "a_token_seq"), or an object of the application.
 func (s *Store) Migrate(ctx context.Context) error {
 	steps, err := s.migrationSteps()
 	if err != nil {
@@ -29,6 +38,9 @@ func (s *Store) Migrate(ctx context.Context) error {
 	}
 	for {
 		done, err := s.migrateOne(ctx, steps)
+		if errors.Is(err, idempotency.ErrInvalidConfig) {
+			return fmt.Errorf("pgstore: migrate: %w", err)
+		}
 		if err != nil {
 			return fmt.Errorf("pgstore: migrate: %w: %w", idempotency.ErrUnavailable, err)
 		}
@@ -39,21 +51,126 @@ func (s *Store) Migrate(ctx context.Context) error {
 }
 
 // SchemaVersion returns the version the schema was migrated to (0: never)
-// and the latest version this package knows.
+// and the latest version this package knows. A current above latest means
+// that a newer build migrated the schema: Migrate refuses it. When the
+// version table's name is taken by another relation, the error wraps
+// ErrInvalidConfig.
 func (s *Store) SchemaVersion(ctx context.Context) (current, latest int, err error) {
 	steps, err := s.migrationSteps()
 	if err != nil {
 		return 0, 0, err
 	}
-	var exists bool
-	err = s.pool.QueryRow(ctx, "SELECT to_regclass($1) IS NOT NULL", s.names.Replace("{{versions}}")).Scan(&exists)
+	exists, err := s.versionTable(ctx, s.pool)
 	if err == nil && exists {
 		err = s.pool.QueryRow(ctx, s.names.Replace("SELECT coalesce(max(version), 0) FROM {{versions}}")).Scan(&current)
+	}
+	if errors.Is(err, idempotency.ErrInvalidConfig) {
+		return 0, len(steps), fmt.Errorf("pgstore: schema version: %w", err)
 	}
 	if err != nil {
 		return 0, len(steps), fmt.Errorf("pgstore: schema version: %w: %w", idempotency.ErrUnavailable, err)
 	}
 	return current, len(steps), nil
+}
+
+// querier is a pool or a transaction.
+type querier interface {
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+// versionTable reports whether the version table exists. A relation of its
+// name that is no version table (no version column) is another store's
+// records table (Tables "a" and "a_schema_version") or the application's:
+// that fails with ErrInvalidConfig instead of being read or written.
+func (s *Store) versionTable(ctx context.Context, q querier) (exists bool, err error) {
+	var (
+		kind       string
+		hasVersion bool
+	)
+	err = q.QueryRow(ctx, `SELECT c.relkind::text, EXISTS (SELECT FROM pg_attribute a
+	WHERE a.attrelid = c.oid AND a.attname = 'version' AND a.attnum > 0 AND NOT a.attisdropped)
+FROM pg_class c WHERE c.oid = to_regclass($1)`, s.names.Replace("{{versions}}")).Scan(&kind, &hasVersion)
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		return false, nil
+	case err != nil:
+		return false, err
+	case kind != "r" && kind != "p" || !hasVersion:
+		what := relkindName(kind)
+		if kind == "r" || kind == "p" {
+			what += " with no version column"
+		}
+		return false, s.nameTaken(s.names.Replace("{{versions}}"), "version table", what)
+	}
+	return true, nil
+}
+
+// relation is one that a migration creates.
+type relation struct {
+	version int    // the migration that creates it
+	name    string // schema-qualified, quoted
+	role    string // what it is to the store, for errors
+}
+
+// relations lists what the migrations create besides the version table and
+// the primary key's index (PostgreSQL picks a free name for that one).
+func (s *Store) relations() []relation {
+	return []relation{
+		{1, s.names.Replace("{{seq}}"), "token sequence"},
+		{1, s.names.Replace("{{table}}"), "records table"},
+		{1, pgx.Identifier{s.schema, s.table + "_expires_at_idx"}.Sanitize(), "expiry index"},
+	}
+}
+
+// checkFree fails with ErrInvalidConfig if a relation that migration
+// version creates exists already. It did not come from this store (its
+// version table says the migration has not run), so it is another store's
+// (Tables "a" and "a_token_seq") or the application's; CREATE would fail
+// with a bare "already exists".
+func (s *Store) checkFree(ctx context.Context, tx pgx.Tx, version int) error {
+	for _, r := range s.relations() {
+		if r.version != version {
+			continue
+		}
+		var kind string
+		err := tx.QueryRow(ctx, "SELECT relkind::text FROM pg_class WHERE oid = to_regclass($1)", r.name).Scan(&kind)
+		if errors.Is(err, pgx.ErrNoRows) {
+			continue
+		}
+		if err != nil {
+			return err
+		}
+		return s.nameTaken(r.name, r.role, relkindName(kind))
+	}
+	return nil
+}
+
+func (s *Store) nameTaken(name, role, what string) error {
+	return fmt.Errorf("%w: Table %q needs %s for its %s, but the name is taken (%s) by another store's Table "+
+		"or derived name in schema %q, or by the application: choose another Table",
+		idempotency.ErrInvalidConfig, s.table, name, role, what, s.schema)
+}
+
+func relkindName(kind string) string {
+	switch kind {
+	case "r":
+		return "table"
+	case "p":
+		return "partitioned table"
+	case "S":
+		return "sequence"
+	case "i", "I":
+		return "index"
+	case "v":
+		return "view"
+	case "m":
+		return "materialized view"
+	case "f":
+		return "foreign table"
+	case "c":
+		return "composite type"
+	}
+	return "relation"
 }
 
 func (s *Store) migrationSteps() ([]string, error) {
@@ -109,10 +226,11 @@ func (s *Store) migrateOne(ctx context.Context, steps []string) (done bool, err 
 	// Likewise CREATE TABLE IF NOT EXISTS checks CREATE on the schema: an
 	// application role that may only use the migrated schema must still be
 	// able to run Migrate at startup.
-	if err := tx.QueryRow(ctx, "SELECT to_regclass($1) IS NULL", s.names.Replace("{{versions}}")).Scan(&missing); err != nil {
+	exists, err := s.versionTable(ctx, tx)
+	if err != nil {
 		return false, err
 	}
-	if missing {
+	if !exists {
 		if _, err := tx.Exec(ctx, s.names.Replace(`CREATE TABLE {{versions}} (
 		version    integer     PRIMARY KEY,
 		applied_at timestamptz NOT NULL DEFAULT now())`)); err != nil {
@@ -123,7 +241,15 @@ func (s *Store) migrateOne(ctx context.Context, steps []string) (done bool, err 
 	if err := tx.QueryRow(ctx, s.names.Replace("SELECT coalesce(max(version), 0) FROM {{versions}}")).Scan(&current); err != nil {
 		return false, err
 	}
+	if current > len(steps) {
+		return false, fmt.Errorf("%w: table %s is at schema version %d, newer than the %d this build of pgstore knows: "+
+			"a newer build migrated it; run a build that knows version %d",
+			idempotency.ErrInvalidConfig, s.names.Replace("{{table}}"), current, len(steps), current)
+	}
 	if current < len(steps) {
+		if err := s.checkFree(ctx, tx, current+1); err != nil {
+			return false, err
+		}
 		// No arguments: pgx sends it with the simple protocol, which runs
 		// several statements.
 		if _, err := tx.Exec(ctx, steps[current]); err != nil {

@@ -34,9 +34,12 @@ type Options struct {
 	// missing.
 	Schema string
 	// Table is the records table ("": "idempotency_keys"). The sequence
-	// <Table>_token_seq and the table <Table>_schema_version go with it.
-	// Schema and Table must be lower-case SQL identifiers
-	// ([a-z_][a-z0-9_]*), Table at most 40 bytes so the derived names fit.
+	// <Table>_token_seq, the table <Table>_schema_version and the index
+	// <Table>_expires_at_idx go with it. Schema and Table must be
+	// lower-case SQL identifiers ([a-z_][a-z0-9_]*), Table at most 40 bytes
+	// so the derived names fit. Stores sharing a Schema need Tables that
+	// are not each other's derived names ("a" and "a_token_seq" clash):
+	// Migrate refuses a name that is taken, with ErrInvalidConfig.
 	Table string
 	// Clock is CallerClock (zero) or ServerClock; see the package doc.
 	Clock Clock
