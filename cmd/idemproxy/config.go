@@ -35,7 +35,15 @@ type config struct {
 	shutdown    time.Duration
 	// upstreamTimeout bounds one upstream exchange (0: none).
 	upstreamTimeout time.Duration
+	// replayCache is how long a finished record is replayed from memory
+	// before the store is asked again (0: no cache); replayCacheSize
+	// bounds the cache's memory.
+	replayCache     time.Duration
+	replayCacheSize int64
 }
+
+// minReplayCacheSize is the smallest budget the replay cache accepts.
+const minReplayCacheSize = 1 << 20
 
 // errUsage marks configuration errors: the command exits 2.
 var errUsage = errors.New("usage")
@@ -74,6 +82,8 @@ IDEMPROXY_UPSTREAM_TIMEOUT, ...); a flag on the command line wins.
 	fs.StringVar(&c.logFormat, "log-format", "text", "log format: text or json")
 	fs.StringVar(&logLevel, "log-level", "info", "log level: debug, info, warn, error")
 	fs.DurationVar(&c.upstreamTimeout, "upstream-timeout", time.Minute, "longest wait for the upstream's response; past it: 504 and the claim is kept until its lease ends (0: no limit)")
+	fs.DurationVar(&c.replayCache, "replay-cache", 0, "replay finished keys from this process's memory for up to this long before asking the store again; a key deleted through another instance may replay here that long (0: off; not used with the memory store)")
+	fs.Int64Var(&c.replayCacheSize, "replay-cache-size", 64<<20, "most bytes the replay cache holds (keys, fingerprints, bodies, headers)")
 	fs.DurationVar(&c.shutdown, "shutdown-timeout", 30*time.Second, "on SIGTERM, how long in-flight requests may take to finish")
 
 	// The environment first, so that flags on the command line override it.
@@ -165,6 +175,10 @@ IDEMPROXY_UPSTREAM_TIMEOUT, ...); a flag on the command line wins.
 		return nil, bad("shutdown-timeout", "must not be negative")
 	case c.wait < 0:
 		return nil, bad("wait", "must not be negative")
+	case c.replayCache < 0:
+		return nil, bad("replay-cache", "must not be negative")
+	case c.replayCache > 0 && c.replayCacheSize < minReplayCacheSize:
+		return nil, bad("replay-cache-size", "must be at least %d bytes", minReplayCacheSize)
 	case c.logFormat != "text" && c.logFormat != "json":
 		return nil, bad("log-format", "want text or json")
 	}

@@ -129,8 +129,19 @@ func serve(ctx context.Context, cfg *config, log *slog.Logger) error {
 		defer startSweeper(sw, sweepEvery(cfg.retention), sweepLimit, log)()
 	}
 	m := newMetrics()
-	timed := timedStore{Store: store, m: m}
-	guard, err := idempotency.NewGuard(timed, &idempotency.Options{
+	var guarded idempotency.Store = timedStore{Store: store, m: m}
+	if _, inMemory := store.(*idempotency.MemoryStore); cfg.replayCache > 0 && !inMemory {
+		cache, err := idempotency.NewReplayCache(guarded, &idempotency.CacheOptions{
+			TTL: cfg.replayCache, MaxBytes: cfg.replayCacheSize})
+		if err != nil {
+			return fmt.Errorf("%w: %w", errUsage, err)
+		}
+		m.watchCache(cache)
+		// The admin API deletes through the cache, which forgets the key
+		// at once; other instances' caches forget it within the TTL.
+		guarded = cache
+	}
+	guard, err := idempotency.NewGuard(guarded, &idempotency.Options{
 		Lease: cfg.lease, Retention: cfg.retention, OnRenew: m.onRenew,
 	})
 	if err != nil {
@@ -157,13 +168,13 @@ func serve(ctx context.Context, cfg *config, log *slog.Logger) error {
 		runScope = idemhttp.DefaultScope
 	}
 	running := newRunningSet(runScope)
-	guarded := mw.Handler(running.track(proxy))
+	protected := mw.Handler(running.track(proxy))
 	handler := m.countInFlight(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if (r.Method != http.MethodPost && r.Method != http.MethodPatch) ||
 			(len(r.Header["Idempotency-Key"]) == 0 && !cfg.requireKey) {
 			m.passedThru.Inc()
 		}
-		guarded.ServeHTTP(w, r)
+		protected.ServeHTTP(w, r)
 	}))
 
 	ln, err := net.Listen("tcp", cfg.listen)
@@ -183,7 +194,7 @@ func serve(ctx context.Context, cfg *config, log *slog.Logger) error {
 			ln.Close()
 			return fmt.Errorf("-admin: %w", err)
 		}
-		adminSrv = &http.Server{Handler: adminHandler(timed, store, m, idemhttp.StoreKey, time.Now, running, &draining), ReadHeaderTimeout: 10 * time.Second}
+		adminSrv = &http.Server{Handler: adminHandler(guarded, store, m, idemhttp.StoreKey, time.Now, running, &draining), ReadHeaderTimeout: 10 * time.Second}
 	}
 	errc := make(chan error, 2)
 	go func() { errc <- srv.Serve(ln) }()

@@ -196,3 +196,17 @@ func (s timedStore) Delete(ctx context.Context, key string) error {
 	s.observe("delete", start, err)
 	return err
 }
+
+// watchCache exports the replay cache's counters, read when scraped.
+func (m *metrics) watchCache(c *idempotency.ReplayCache) {
+	m.reg.MustRegister(
+		prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name: "idemproxy_replay_cache_hits_total",
+			Help: "Replays answered from the replay cache, without asking the store.",
+		}, func() float64 { return float64(c.Stats().Hits) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "idemproxy_replay_cache_bytes",
+			Help: "Memory held by the replay cache (keys, fingerprints, bodies, headers).",
+		}, func() float64 { return float64(c.Stats().Bytes) }),
+	)
+}

@@ -1,0 +1,77 @@
+package main
+
+import (
+	"net/http"
+	"strings"
+	"testing"
+)
+
+// TestReplayCache: with -replay-cache, replays come from memory (the cache
+// counts them), a delete through this instance's admin API is seen at
+// once, and one through another instance only when the TTL has run out
+// (the documented limit; here an hour, so not at all).
+func TestReplayCache(t *testing.T) {
+	up := newUpstream(t)
+	store := redisTestStore(t)
+	a := startInproc(t, "-upstream", up.URL, "-store", store, "-replay-cache", "1h")
+	b := startInproc(t, "-upstream", up.URL, "-store", store)
+
+	first := mustPost(t, a.proxy, "/orders", "k1", "x")
+	for range 3 {
+		r := mustPost(t, a.proxy, "/orders", "k1", "x")
+		if r.body != first.body || r.header.Get("Idempotent-Replayed") != "true" {
+			t.Fatalf("replay = %d %q %v; want %q replayed", r.status, r.body, r.header, first.body)
+		}
+	}
+	if got := metricValue(t, a.admin, "idemproxy_replay_cache_hits_total"); got < 2 {
+		t.Errorf("replay cache hits = %v, want at least 2 of 3 replays", got)
+	}
+	if up.ran("k1") != 1 {
+		t.Fatalf("k1 ran %d times upstream", up.ran("k1"))
+	}
+
+	if r := do(t, http.MethodDelete, "http://"+a.admin+"/keys/k1"); r.status != http.StatusOK {
+		t.Fatalf("DELETE through a = %d %q", r.status, r.body)
+	}
+	r := mustPost(t, a.proxy, "/orders", "k1", "x")
+	if r.header.Get("Idempotent-Replayed") != "" || up.ran("k1") != 2 {
+		t.Fatalf("after a delete through a: %q (replayed %q), %d runs; want a second run",
+			r.body, r.header.Get("Idempotent-Replayed"), up.ran("k1"))
+	}
+	second := mustPost(t, a.proxy, "/orders", "k1", "x") // cached again
+	if !strings.Contains(second.body, "run 2") {
+		t.Fatalf("replay after the second run = %q", second.body)
+	}
+
+	// Deleted through b: a keeps replaying until its TTL runs out.
+	if r := do(t, http.MethodDelete, "http://"+b.admin+"/keys/k1"); r.status != http.StatusOK {
+		t.Fatalf("DELETE through b = %d %q", r.status, r.body)
+	}
+	if r := mustPost(t, a.proxy, "/orders", "k1", "x"); r.body != second.body {
+		t.Fatalf("a after a delete through b = %q; want the cached %q (within the TTL)", r.body, second.body)
+	}
+	if r := mustPost(t, b.proxy, "/orders", "k1", "x"); !strings.Contains(r.body, "run 3") {
+		t.Fatalf("b after its own delete = %q; want a third run", r.body)
+	}
+}
+
+func TestReplayCacheFlags(t *testing.T) {
+	for _, args := range [][]string{
+		{"-replay-cache", "-1s"},
+		{"-replay-cache", "1s", "-replay-cache-size", "1000"},
+	} {
+		var out syncBuffer
+		_, err := parseConfig(append([]string{"-upstream", "http://127.0.0.1:1"}, args...), noEnv, &out)
+		if err == nil || !strings.Contains(err.Error(), "replay-cache") {
+			t.Errorf("%q: err = %v, want a usage error naming the flag", args, err)
+		}
+	}
+	// On the memory store the flag is accepted and the cache not used.
+	up := newUpstream(t)
+	p := startInproc(t, "-upstream", up.URL, "-store", "memory", "-replay-cache", "1s")
+	mustPost(t, p.proxy, "/orders", "k", "x")
+	mustPost(t, p.proxy, "/orders", "k", "x")
+	if r := get(t, "http://"+p.admin+"/metrics"); strings.Contains(r.body, "idemproxy_replay_cache") {
+		t.Error("the memory store got a replay cache")
+	}
+}
