@@ -40,6 +40,15 @@
 // upgrades, or use KeyFunc with requests whose encoding is canonical (no
 // maps).
 //
+// Metadata is not part of the fingerprint, on purpose: a retry carries
+// fields that change between attempts (trace ids, a renewed token, the
+// deadline) and is still the same request. Metadata that does name the
+// operation goes in Options.Scope, which can read it from the incoming
+// context: its value then picks the key's namespace, so a call with another
+// value is another operation and runs, rather than being refused with
+// FailedPrecondition. Keep DefaultScope's part when doing so. To have such a
+// field refused as a conflict, it has to be in the request message.
+//
 // # What is stored and replayed
 //
 // The response message (its wire encoding and its full type name), the
@@ -84,9 +93,10 @@
 //     error is answered Aborted (taken over) or Unavailable (not renewed),
 //     not Canceled: the caller did not cancel, and should retry with the
 //     same key.
-//   - The handler ran but its result could not be stored: its response is
-//     sent; a retry after the lease may run the handler again (fence the
-//     side effect downstream with idempotency.TokenFrom).
+//   - The handler ran but its result could not be stored, or its key
+//     released: its answer is sent, and Options.OnStoreError is told; a
+//     retry after the lease may run the handler again (fence the side
+//     effect downstream with idempotency.TokenFrom).
 //
 // # Handler errors
 //
@@ -100,7 +110,10 @@
 // details, to every retry inside the window, like a response. A handler
 // that panics releases the key and the panic goes on (gRPC does not recover
 // it; a recovery interceptor placed before this one answers, and the retry
-// runs the handler again).
+// runs the handler again). A recovery interceptor placed after this one
+// turns the panic into an error before this one sees it: the error is
+// treated as above (with its usual Internal, the claim is kept, or stored
+// with StoreErrors).
 //
 // # Client
 //

@@ -134,6 +134,8 @@ type fixtureOpts struct {
 	dialOpts   []grpc.DialOption
 	unguarded  bool
 	setupStore func(*idempotency.MemoryStore)
+	// outer and inner, when set, are chained before and after the guard.
+	outer, inner grpc.UnaryServerInterceptor
 }
 
 // newFixture serves the test service on 127.0.0.1 with the guard, and dials
@@ -155,13 +157,20 @@ func newFixture(t testing.TB, o fixtureOpts) *fixture {
 		f.seenMu.Unlock()
 		return h(ctx, req)
 	}
-	chain := []grpc.UnaryServerInterceptor{record}
+	var chain []grpc.UnaryServerInterceptor
+	if o.outer != nil {
+		chain = append(chain, o.outer)
+	}
+	chain = append(chain, record)
 	if !o.unguarded {
 		in, err := idemgrpc.UnaryServerInterceptor(g, o.server)
 		if err != nil {
 			t.Fatal(err)
 		}
 		chain = append(chain, in)
+	}
+	if o.inner != nil {
+		chain = append(chain, o.inner)
 	}
 	srv := grpc.NewServer(grpc.ChainUnaryInterceptor(chain...))
 	srv.RegisterService(&echoDesc, f.svc)

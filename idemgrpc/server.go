@@ -75,10 +75,20 @@ type Options struct {
 	// (the client left, its deadline passed), not how the operation ended,
 	// which may still have had effects; the claim is kept.
 	StoreErrors bool
-	// OnStoreError (nil: none) is called with the store's error when a
-	// call is answered Unavailable because the store could not answer. The
-	// client gets a fixed message, never the error's text, which may name
-	// internal addresses; log it here.
+	// OnStoreError (nil: none) is called, before the call is answered, for
+	// each store failure: the key could not be claimed (the call is
+	// answered Unavailable and the handler does not run), or, after the
+	// handler ran, its result could not be stored, its key could not be
+	// released, or its lease could not be renewed. After the handler ran
+	// the client still gets the handler's answer (except that a handler
+	// stopped by a lost lease is answered Aborted or Unavailable), but a
+	// retry may run the handler again. err says which of these failed and
+	// wraps the store's error (errors.Is works); it wraps
+	// idempotency.ErrLeaseLost when the result could not be stored because
+	// the claim had been taken over or deleted. The errors of the renewals
+	// themselves go to the Guard's OnRenew, and a Release after a panicking
+	// handler is not reported. The client gets a fixed message, never the
+	// error's text, which may name internal addresses; log it here.
 	OnStoreError func(ctx context.Context, fullMethod string, err error)
 }
 
@@ -150,7 +160,8 @@ func (s *server) intercept(ctx context.Context, req any, info *grpc.UnaryServerI
 
 	var reply any
 	var herr error
-	var cut bool // the Guard, not the caller, ended the handler's context
+	var fe *fnError // what the handler's side gave the Guard
+	var cut bool    // the Guard, not the caller, ended the handler's context
 	res, err := s.guard.Run(ctx, storeKey, fp, func(cctx context.Context) (idempotency.Response, error) {
 		hctx := cctx
 		cs := &captureStream{ServerTransportStream: grpc.ServerTransportStreamFromContext(cctx)}
@@ -159,10 +170,18 @@ func (s *server) intercept(ctx context.Context, req any, info *grpc.UnaryServerI
 		}
 		reply, herr = handler(hctx, req)
 		cut = cctx.Err() != nil && ctx.Err() == nil
-		return s.encode(reply, herr, cs.header())
+		resp, eerr := s.encode(reply, herr, cs.header())
+		if eerr != nil {
+			fe = &fnError{eerr}
+			return resp, fe
+		}
+		return resp, nil
 	})
 	switch res.Outcome {
 	case idempotency.Executed:
+		if s.opts.OnStoreError != nil {
+			s.reportExecuted(ctx, method, err, fe, cut)
+		}
 		// Sent whether or not the result could be stored: the handler ran.
 		if cut && statusOf(herr).Code() == codes.Canceled {
 			// The handler gave up because its claim went, not because the
@@ -189,9 +208,45 @@ func (s *server) intercept(ctx context.Context, req any, info *grpc.UnaryServerI
 			return nil, status.FromContextError(cerr).Err()
 		}
 		if s.opts.OnStoreError != nil {
-			s.opts.OnStoreError(ctx, method, err)
+			s.opts.OnStoreError(ctx, method, fmt.Errorf("idemgrpc: could not claim the key: %w", err))
 		}
 		return nil, status.Error(codes.Unavailable, "idemgrpc: the idempotency store is unavailable; retry with the same key later")
+	}
+}
+
+// fnError marks the error the handler's side gave the Guard, so that what
+// the Guard adds to it, a store's error, can be told apart from it.
+type fnError struct{ err error }
+
+func (e *fnError) Error() string { return e.err.Error() }
+func (e *fnError) Unwrap() error { return e.err }
+
+// reportExecuted tells OnStoreError of the store failures of a call whose
+// handler ran. err is the Guard's error, fe the handler side's (nil if
+// none), cut whether the Guard ended the handler's context. The Guard
+// returns fe alone when the store did its part, fe joined with the
+// Release's error when the key could not be given back, and the store's
+// error (fe dropped) when the result could not be stored.
+func (s *server) reportExecuted(ctx context.Context, method string, err error, fe *fnError, cut bool) {
+	if cut && !errors.Is(err, idempotency.ErrLeaseLost) {
+		// The lease ran out while renewals failed; their errors went to
+		// the Guard's OnRenew.
+		s.opts.OnStoreError(ctx, method, fmt.Errorf("idemgrpc: could not renew the lease: %w: the handler's context was ended before another caller could take the key over", idempotency.ErrUnavailable))
+	}
+	switch {
+	case err == nil:
+	case fe != nil && errors.Is(err, fe):
+		// fe, or errors.Join(fe, the Release's error): report the latter
+		// only. (fe itself unwraps to one error, not to a list.)
+		if j, ok := err.(interface{ Unwrap() []error }); ok {
+			for _, e := range j.Unwrap() {
+				if !errors.Is(e, fe) {
+					s.opts.OnStoreError(ctx, method, fmt.Errorf("idemgrpc: could not release the key: %w", e))
+				}
+			}
+		}
+	default:
+		s.opts.OnStoreError(ctx, method, fmt.Errorf("idemgrpc: could not store the result: %w", err))
 	}
 }
 
