@@ -87,3 +87,29 @@ func ExampleRetryable() {
 	// EXECUTED card network refused the connection
 	// EXECUTED <nil> 2
 }
+
+// A replay cache in front of a shared store: the first replay reads the
+// store, the ones after it, within the TTL, are answered from memory.
+func ExampleNewReplayCache() {
+	shared := idempotency.NewMemoryStore() // in production: redisstore, pgstore
+	cache, err := idempotency.NewReplayCache(shared, &idempotency.CacheOptions{TTL: time.Second})
+	if err != nil {
+		panic(err)
+	}
+	guard := &idempotency.Guard{Store: cache}
+	send := func(ctx context.Context) (idempotency.Response, error) {
+		return idempotency.Response{Status: 202, Body: []byte("queued")}, nil
+	}
+	for range 4 {
+		resp, outcome, _ := guard.Do(context.Background(), "mail-9", "fp", send)
+		fmt.Println(outcome, string(resp.Body))
+	}
+	st := cache.Stats()
+	fmt.Println("from memory:", st.Hits, "from the store:", st.Misses)
+	// Output:
+	// EXECUTED queued
+	// REPLAYED queued
+	// REPLAYED queued
+	// REPLAYED queued
+	// from memory: 2 from the store: 2
+}

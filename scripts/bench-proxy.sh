@@ -3,7 +3,8 @@
 # httputil.ReverseProxy in front of the same upstream, in the same run.
 #
 # STOREs are any of memory, bolt, redis (default: all three; redis is a
-# private redis-server on a free port, no persistence). For each store and
+# private redis-server on a free port, no persistence), and bolt-cache or
+# redis-cache: the same store behind idemproxy's -replay-cache 1s. For each store and
 # each workload the plain proxy and idemproxy are measured in alternating
 # runs (plain, idemproxy, plain, idemproxy, ...) and the ratio of their mean
 # requests/s is printed, with each proxy's CPU time per request (from
@@ -107,7 +108,13 @@ waitport "$plain_port" $plain_pid
 echo "== $(nproc) CPUs; wrk -t $threads -c $conns -d ${duration}s; $rounds alternating pairs per line; go $(go env GOVERSION)"
 summary=()
 for store in "${stores[@]}"; do
-	case $store in
+	extra=()
+	base=$store
+	if [[ $store == *-cache ]]; then
+		base=${store%-cache}
+		extra=(-replay-cache 1s)
+	fi
+	case $base in
 	memory) url=memory ;;
 	bolt) url="bolt:$dir/bench.db" ;;
 	redis)
@@ -123,13 +130,13 @@ for store in "${stores[@]}"; do
 		url="redis://127.0.0.1:$redis_port/0?prefix=bench:"
 		;;
 	*)
-		echo "bench-proxy: unknown store $store (memory, bolt, redis)" >&2
+		echo "bench-proxy: unknown store $store (memory, bolt, redis, bolt-cache, redis-cache)" >&2
 		exit 2
 		;;
 	esac
 	proxy_port=$(freeport)
 	"$dir/idemproxy" -listen "127.0.0.1:$proxy_port" -admin "" -upstream "http://127.0.0.1:$up_port" \
-		-store "$url" -log-level warn 2>>"$dir/idemproxy.log" &
+		-store "$url" "${extra[@]}" -log-level warn 2>>"$dir/idemproxy.log" &
 	ppid=$!
 	pids+=($ppid)
 	waitport "$proxy_port" $ppid
@@ -137,7 +144,7 @@ for store in "${stores[@]}"; do
 
 	for workload in new replay; do
 		script=wrk-newkeys.lua
-		run="$store-$$"
+		run="$store-$$-$RANDOM"
 		if [[ $workload == replay ]]; then
 			script=wrk-replay.lua
 			# Execute each key once, then check that it replays.
