@@ -9,6 +9,7 @@ import (
 	"net/textproto"
 	"slices"
 	"strings"
+	"sync/atomic"
 )
 
 // trailerKey prefixes the trailers of a stored response in its Header. The
@@ -19,7 +20,8 @@ const trailerKey = http.TrailerPrefix
 // captureWriter sends the handler's response to the client as it is written
 // and keeps a copy for the store: the final status, the storable header
 // fields as they were when the status was sent, the body up to a bound, and
-// the trailers. It is pooled with the request state.
+// the trailers. It is pooled with the request state, so handlers do not get
+// it: they get a handlerWriter, which lets go of it when they return.
 type captureWriter struct {
 	w http.ResponseWriter
 	m *Middleware
@@ -34,8 +36,12 @@ type captureWriter struct {
 	body     []byte
 	tooLarge bool // the body outgrew MaxStoredResponse; body is dropped
 	hijacked bool
-	keep     bool // KeepClaim was called: store nothing, release nothing
 	aborted  bool // the handler panicked with http.ErrAbortHandler
+	// claim>>1 counts the handlers that got the writer and those that
+	// returned (serve); a handlerWriter reaches it only while claim>>1 is
+	// the count it was given. claim&1: the handler called KeepClaim (store
+	// nothing, release nothing). Atomic, for the goroutines handlers start.
+	claim atomic.Uint64
 	// gone: a write to the client failed under Options.Detach; from then
 	// on the response is only captured, and writes report success, so
 	// that the handler finishes and its response is stored for the retry.
@@ -70,7 +76,7 @@ var (
 func (cw *captureWriter) reset(w http.ResponseWriter, m *Middleware) {
 	cw.w, cw.m = w, m
 	cw.status = 0
-	cw.tooLarge, cw.hijacked, cw.keep, cw.aborted, cw.gone, cw.cut = false, false, false, false, false, false
+	cw.tooLarge, cw.hijacked, cw.aborted, cw.gone, cw.cut = false, false, false, false, false
 	cw.sniff, cw.firstChunk, cw.trailers, cw.chunking = false, -1, nil, 0
 	cw.body = cw.body[:0]
 	clear(cw.header)
@@ -96,6 +102,105 @@ func (cw *captureWriter) release() {
 	}
 	cw.body = cw.body[:0]
 }
+
+// serve runs next with hw as its writer, for the request cw was reset for,
+// and cuts hw off from cw when next returns or panics.
+func (cw *captureWriter) serve(next http.Handler, hw *handlerWriter, r *http.Request) {
+	token := cw.claim.Load()&^1 + 2 // a new count; not kept
+	cw.claim.Store(token)
+	hw.cw, hw.w, hw.token = cw, cw.w, token
+	defer cw.claim.Add(2) // the bit stays, for result
+	next.ServeHTTP(hw, r)
+}
+
+// kept reports whether the handler called KeepClaim.
+func (cw *captureWriter) kept() bool { return cw.claim.Load()&1 != 0 }
+
+// keepClaim sets the kept bit if token is still cw's handler's.
+func (cw *captureWriter) keepClaim(token uint64) bool {
+	return cw.claim.CompareAndSwap(token, token|1) || cw.claim.Load() == token|1
+}
+
+// handlerWriter is the ResponseWriter a handler gets: it passes every call
+// on to the request's captureWriter until the handler returns. After that
+// the captureWriter goes back to the pool and serves other requests, which a
+// goroutine the handler left holding its writer must not reach: writes then
+// fail with errWriterClosed, and KeepClaim returns false. (A call that
+// races with the handler's return is a data race, as it is for net/http.)
+type handlerWriter struct {
+	cw    *captureWriter
+	w     http.ResponseWriter // cw.w, which stays the request's own
+	token uint64
+}
+
+var errWriterClosed = errors.New("idemhttp: ResponseWriter used after its handler returned")
+
+var (
+	_ http.ResponseWriter = (*handlerWriter)(nil)
+	_ http.Flusher        = (*handlerWriter)(nil)
+	_ http.Hijacker       = (*handlerWriter)(nil)
+	_ io.ReaderFrom       = (*handlerWriter)(nil)
+	_ io.StringWriter     = (*handlerWriter)(nil)
+)
+
+// live reports whether hw's handler has not returned yet.
+func (hw *handlerWriter) live() bool { return hw.cw.claim.Load()|1 == hw.token|1 }
+
+// Header implements http.ResponseWriter. The map is the request's own.
+func (hw *handlerWriter) Header() http.Header { return hw.w.Header() }
+
+// WriteHeader implements http.ResponseWriter.
+func (hw *handlerWriter) WriteHeader(code int) {
+	if hw.live() {
+		hw.cw.WriteHeader(code)
+	}
+}
+
+// Write implements http.ResponseWriter.
+func (hw *handlerWriter) Write(p []byte) (int, error) {
+	if !hw.live() {
+		return 0, errWriterClosed
+	}
+	return hw.cw.Write(p)
+}
+
+// WriteString implements io.StringWriter.
+func (hw *handlerWriter) WriteString(s string) (int, error) {
+	if !hw.live() {
+		return 0, errWriterClosed
+	}
+	return hw.cw.WriteString(s)
+}
+
+// ReadFrom implements io.ReaderFrom.
+func (hw *handlerWriter) ReadFrom(src io.Reader) (int64, error) {
+	if !hw.live() {
+		return 0, errWriterClosed
+	}
+	return hw.cw.ReadFrom(src)
+}
+
+// Flush implements http.Flusher.
+func (hw *handlerWriter) Flush() { _ = hw.FlushError() }
+
+// FlushError is Flush with its error, for http.ResponseController.
+func (hw *handlerWriter) FlushError() error {
+	if !hw.live() {
+		return errWriterClosed
+	}
+	return hw.cw.FlushError()
+}
+
+// Hijack implements http.Hijacker.
+func (hw *handlerWriter) Hijack() (net.Conn, *bufio.ReadWriter, error) {
+	if !hw.live() {
+		return nil, nil, errWriterClosed
+	}
+	return hw.cw.Hijack()
+}
+
+// Unwrap returns the underlying writer, for http.ResponseController.
+func (hw *handlerWriter) Unwrap() http.ResponseWriter { return hw.w }
 
 // Header implements http.ResponseWriter.
 func (cw *captureWriter) Header() http.Header { return cw.w.Header() }
@@ -137,7 +242,7 @@ func (cw *captureWriter) WriteHeader(code int) {
 			cw.header[k] = v
 		}
 	}
-	if m.windowHeader != "" && !cw.keep && m.storeStatus(code) {
+	if m.windowHeader != "" && !cw.kept() && m.storeStatus(code) {
 		// The window runs from when the result is stored, a little later:
 		// the clock read now is the closest lower bound at hand, and only
 		// responses that send it pay for reading it.

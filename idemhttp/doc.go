@@ -73,7 +73,10 @@
 // sniffed from a first chunk cut short by Flush is stored as sent.
 // http.ResponseController reaches the underlying writer through Unwrap.
 // Hijack is passed through; a hijacked connection cannot be replayed, so its
-// key is released when the handler returns and a retry runs again.
+// key is released when the handler returns and a retry runs again. The
+// writer is the handler's only until it returns: a goroutine that uses it
+// later gets errors from its writes and false from KeepClaim, and never
+// reaches another request.
 //
 // A response body larger than Options.MaxStoredResponse is delivered in
 // full, and a marker is stored instead: a retry gets 409

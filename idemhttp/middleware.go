@@ -255,17 +255,14 @@ func StoreKey(scope, key string) string { return scope + "\x00" + key }
 // advertise a window (Options.WindowHeader) for a key that is not stored.
 // It works on the ResponseWriter the middleware handed to the handler, or
 // on one that wraps it and has an Unwrap() http.ResponseWriter method. It
-// reports whether w belongs to a guarded request; for any other writer it
-// does nothing and returns false. The Observer sees Abandoned with
-// ErrClaimKept.
+// reports whether w belongs to a guarded request whose handler has not
+// returned; for any other writer, or once the handler returned (from a
+// goroutine it started), it does nothing and returns false. The Observer
+// sees Abandoned with ErrClaimKept.
 func KeepClaim(w http.ResponseWriter) bool {
 	for {
-		if cw, ok := w.(*captureWriter); ok {
-			if cw.m == nil {
-				return false // the request is over
-			}
-			cw.keep = true
-			return true
+		if hw, ok := w.(*handlerWriter); ok {
+			return hw.cw.keepClaim(hw.token)
 		}
 		u, ok := w.(interface{ Unwrap() http.ResponseWriter })
 		if !ok {
@@ -424,22 +421,25 @@ func (st *state) readBody(r *http.Request, limit int64) ([]byte, error) {
 	}
 }
 
-// ownedBody is a bodyReader with room for a small body inline, so that the
-// handler's own copy of a small body costs one allocation.
-type ownedBody struct {
-	bodyReader
+// exchange is what a handler gets of its own: its writer and a reader over
+// its copy of the body, with room for a small body inline, so that both
+// cost one allocation.
+type exchange struct {
+	hw     handlerWriter
+	body   bodyReader
 	inline [512]byte
 }
 
-// ownBody returns a reader over a copy of b that nothing else will reuse.
-func ownBody(b []byte) io.ReadCloser {
-	ob := &ownedBody{}
-	if len(b) <= len(ob.inline) {
-		ob.b = ob.inline[:copy(ob.inline[:], b)]
+// newExchange returns an exchange whose body is a copy of b that nothing
+// else will reuse.
+func newExchange(b []byte) *exchange {
+	ex := &exchange{}
+	if len(b) <= len(ex.inline) {
+		ex.body.b = ex.inline[:copy(ex.inline[:], b)]
 	} else {
-		ob.b = slices.Clone(b)
+		ex.body.b = slices.Clone(b)
 	}
-	return ob
+	return ex
 }
 
 // bodyReader gives the handler the body the middleware read.
@@ -539,12 +539,17 @@ func (m *Middleware) serve(next http.Handler, w http.ResponseWriter, r *http.Req
 	}
 	fn := func(ctx context.Context) (resp idempotency.Response, err error) {
 		r2 := r.WithContext(ctx)
+		// The handler's writer and body may be used after the handler
+		// returns (an http.Transport copies a proxied request's body from
+		// its own write loop, which can outlive RoundTrip; a goroutine may
+		// keep the writer), so the handler gets its own, not the pooled
+		// capture writer and buffer.
+		var hw *handlerWriter
 		if body != nil {
-			// The handler's body may be read after the handler returns (an
-			// http.Transport copies a proxied request's body from its own
-			// write loop, which can outlive RoundTrip), so the handler gets
-			// a copy of its own, not the pooled buffer.
-			r2.Body = ownBody(body)
+			ex := newExchange(body)
+			r2.Body, hw = &ex.body, &ex.hw
+		} else {
+			hw = &handlerWriter{}
 		}
 		defer func() {
 			// http.ErrAbortHandler is how a handler (ReverseProxy, when the
@@ -561,7 +566,7 @@ func (m *Middleware) serve(next http.Handler, w http.ResponseWriter, r *http.Req
 				resp, err = idempotency.Response{}, errAborted
 			}
 		}()
-		next.ServeHTTP(cw, r2)
+		cw.serve(next, hw, r2)
 		return m.result(cw, r)
 	}
 	res, err := m.guard.Run(ctx, storeKey, fp, fn)
@@ -633,7 +638,7 @@ func (m *Middleware) result(cw *captureWriter, r *http.Request) (idempotency.Res
 	if cw.hijacked {
 		return idempotency.Response{}, idempotency.Retryable(errHijacked)
 	}
-	if cw.keep {
+	if cw.kept() {
 		return idempotency.Response{}, ErrClaimKept
 	}
 	if !m.storeStatus(cw.status) {
