@@ -95,7 +95,9 @@ type Options struct {
 	// Lease is how long a consumer's claim excludes the others while fn
 	// runs (0: idempotency.DefaultLease, 30s). The claim is renewed while fn
 	// runs; Lease bounds how long a consumer that died mid-message blocks
-	// the id, and the Nak delay given to a duplicate.
+	// the id, and the Nak delay given to a duplicate. It should not outlast
+	// the broker's redelivery timeout (natsdedup refuses a Lease longer
+	// than the consumer's AckWait).
 	Lease time.Duration
 	// RenewEvery is the lease renewal interval (0: Lease/3; negative: none).
 	RenewEvery time.Duration
@@ -232,7 +234,7 @@ func (w *Window) Process(ctx context.Context, msgID string, fn func(ctx context.
 		}
 		if errors.Is(errors.Join(errs[1:]...), idempotency.ErrUnavailable) {
 			// The release failed: the claim stays until its lease ends.
-			d.Delay = max(d.Delay, w.lease())
+			d.Delay = max(d.Delay, w.Lease())
 		}
 		return d, errors.Join(errs...)
 	}
@@ -255,7 +257,12 @@ func (w *Window) now() time.Time {
 	return time.Now()
 }
 
-func (w *Window) lease() time.Duration {
+// Lease returns how long a consumer's claim excludes the others:
+// Options.Lease, or idempotency.DefaultLease when that was 0. An adapter
+// checks it against the broker's redelivery timeout (natsdedup: AckWait):
+// a lease that outlasts it makes the broker redeliver a dead consumer's
+// message while the claim still blocks it.
+func (w *Window) Lease() time.Duration {
 	if w.opts.Lease > 0 {
 		return w.opts.Lease
 	}

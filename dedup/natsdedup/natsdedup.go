@@ -2,38 +2,82 @@
 // a message handler that processes each logical message once, and turns the
 // window's decision into Ack, Nak (with delay) or Term.
 //
+// # Message ids
+//
 // The message id is the Nats-Msg-Id header, the id JetStream's own
 // publish-side duplicate window uses, so one id names a logical message from
-// the producer to the consumer. A message without the header falls back to
-// "<stream>/<stream sequence>/<stored at, Unix ns>": that deduplicates
-// redeliveries of one stored message (AckWait expiry, Nak, a consumer that
-// died before acking, a lost ack), but not two stored copies of one logical
-// message, which only a producer-chosen id can name. The time the message
-// was stored is part of it because a sequence alone names a stored message
-// only within one life of one stream: a stream deleted and created again
-// starts from 1, and another cluster or account may have a stream of the
-// same name, and a window that outlives the stream (a shared store) would
-// ack their messages unprocessed. Options.MsgID can take the id from
-// elsewhere (a business key in the payload or another header).
+// the producer to the consumer. It is scoped the way JetStream scopes it:
+// the window key is "<stream>.<consumer>.id.<Nats-Msg-Id>" (after the
+// Window's Prefix). JetStream drops duplicates per stream only, so
+// producers of two streams may well give two different messages one id (a
+// business key), and every consumer of a stream is a subscriber of its own
+// that must process each message (billing and mailing on one orders
+// stream). Without the scope, a window shared by
+// them (one Redis, no Prefix) would ack one's message unprocessed as a
+// duplicate of the other's. Competing instances of one durable consumer
+// share its name, and so its keys; an ephemeral consumer gets a new name,
+// and so a new scope, each time it is created.
 //
-// While fn runs longer than half the consumer's AckWait, the handler sends
-// InProgress every AckWait/2 so that JetStream does not redeliver a message
-// that is still being worked on. The window's own lease protects the
-// message too when a redelivery happens anyway: the duplicate is Nak'ed
-// with the time left on the lease.
+// A message without the header falls back to
+// "<stream>.<consumer>.seq.<stream sequence>.<stored at, Unix ns>": that
+// deduplicates redeliveries of one stored message (AckWait expiry, Nak, a
+// consumer that died before acking, a lost ack), but not two stored copies
+// of one logical message, which only a producer-chosen id can name. The
+// time the message was stored is part of it because a sequence alone names
+// a stored message only within one life of one stream: a stream deleted and
+// created again starts from 1, and a window that outlives the stream (a
+// shared store) would ack its new messages unprocessed.
 //
-// Requirements and limits:
-//   - The consumer must use AckExplicit. With AckAll, the Ack of a later
-//     message also acknowledges an earlier one that was Nak'ed as in flight
-//     (it is then never redelivered); with AckNone, Nak does nothing.
-//   - Options.AckWait must be the consumer's AckWait (or shorter): the
-//     heartbeat is paced by it. A redelivery that comes anyway is Nak'ed as
-//     in flight, but counts against the consumer's MaxDeliver: once the
-//     deliveries are used up, a handler that then fails sends a Nak the
-//     server no longer acts on, and the message is dropped unprocessed.
-//     Leave MaxDeliver unlimited (-1, the default), or give it room for the
-//     in-flight redeliveries of your longest handler, and watch the
-//     server's MAX_DELIVERIES advisories.
+// Stream and consumer names cannot contain a dot (they are tokens of the
+// ack subject), so the scope cannot be forged by an id. What the scope does
+// not separate is two accounts, domains or clusters that use the same
+// stream and consumer names: give each its own dedup.Options.Prefix when
+// they share a store. Options.MsgID takes the id from elsewhere (a business
+// key in the payload or another header) and is used as it is, unscoped:
+// include what must keep consumers apart, or dedup across streams and
+// consumers on purpose.
+//
+// # AckWait, heartbeats and the lease
+//
+// While fn runs, the handler sends InProgress as fn starts and then every
+// Heartbeat (AckWait/2 by default) until the result is stored, so that
+// JetStream does not redeliver a message that is still being worked on. The
+// first signal goes out at once because AckWait runs from when the server
+// sent the message, not from when fn starts: Consume pulls messages ahead
+// into a client buffer (PullMaxMessages, 500 by default), where a message
+// waits behind the ones before it. A message that waited longer than
+// AckWait there has been redelivered already; keep PullMaxMessages times
+// the handler's usual time under AckWait.
+//
+// The heartbeat is paced by the consumer's AckWait, which New reads from
+// Options.Consumer (or takes from Options.AckWait). New also refuses a
+// Window whose lease is longer than AckWait. When a consumer dies
+// mid-message, JetStream redelivers after AckWait and the window lets the
+// redelivery run once the dead consumer's lease has ended. A lease longer
+// than AckWait makes every such redelivery find the claim still held: it is
+// Nak'ed with the time left on the lease and the message runs on a later
+// delivery. Nothing runs twice and nothing is acked unprocessed, but the
+// takeover waits for the lease instead of AckWait, and the bounced
+// redelivery counts against MaxDeliver: with MaxDeliver 2 the message is
+// never processed at all. Even with Lease at most AckWait, the dead
+// consumer's last lease renewal may have come after its last InProgress, so
+// one redelivery may still be bounced; a Lease of at most AckWait minus
+// Heartbeat rules that out (up to clock and network delays), which matters
+// with a small MaxDeliver.
+//
+// # Requirements and limits
+//
+//   - The consumer must use AckExplicit (New checks it when given
+//     Options.Consumer). With AckAll, the Ack of a later message also
+//     acknowledges an earlier one that was Nak'ed as in flight (it is then
+//     never redelivered); with AckNone, Nak does nothing.
+//   - A redelivery that comes while the message is processed (the
+//     heartbeat was late or lost) is Nak'ed as in flight, and counts
+//     against the consumer's MaxDeliver: once the deliveries are used up, a
+//     handler that then fails sends a Nak the server no longer acts on, and
+//     the message is dropped unprocessed. Leave MaxDeliver unlimited (-1,
+//     the default), or give it room, and watch the server's MAX_DELIVERIES
+//     advisories.
 //   - A panic in fn releases the key and sends nothing to the broker (the
 //     message is redelivered after AckWait), then goes on up: a message
 //     that always panics crashes each consumer that receives it; recover
@@ -61,15 +105,27 @@ const DefaultAckWait = 30 * time.Second
 
 // Options configure New; nil means all defaults.
 type Options struct {
-	// MsgID returns a message's id ("": none, the message is terminated).
-	// nil: the Nats-Msg-Id header, else "<stream>/<stream sequence>/<stored
-	// at, Unix ns>".
+	// MsgID returns a message's id ("": none, the message is terminated),
+	// used as it is. nil: "<stream>.<consumer>.id.<Nats-Msg-Id>", or
+	// without the header "<stream>.<consumer>.seq.<stream sequence>.<stored
+	// at, Unix ns>" (see the package documentation).
 	MsgID func(msg jetstream.Msg) string
-	// AckWait is the consumer's AckWait (0: DefaultAckWait). It sets the
-	// default Heartbeat.
+	// Consumer is the consumer whose messages the Handler answers (nil:
+	// AckWait says). New reads its configuration from the cached info,
+	// without a request: AckWait is the shortest of the consumer's AckWait
+	// and BackOff intervals (BackOff times redeliveries in AckWait's
+	// place), and a consumer that does not use AckExplicit is refused. A
+	// Handler shared by several consumers must be built from the one with
+	// the shortest AckWait.
+	Consumer jetstream.Consumer
+	// AckWait is the consumer's AckWait, when Consumer is not given
+	// (0: DefaultAckWait, JetStream's default). It sets the default
+	// Heartbeat, and the Window's lease must not be longer. It must not be
+	// longer than the consumer's real AckWait, or JetStream redelivers
+	// messages while they are processed. Must be 0 when Consumer is set.
 	AckWait time.Duration
-	// Heartbeat is the interval of InProgress signals while fn runs
-	// (0: AckWait/2; negative: none).
+	// Heartbeat is the interval of InProgress signals while fn runs, the
+	// first of which is sent as fn starts (0: AckWait/2; negative: none).
 	Heartbeat time.Duration
 	// DoubleAck waits for the server to confirm each Ack, so that a lost ack
 	// is reported instead of causing a redelivery (which the window would
@@ -93,6 +149,9 @@ type Handler struct {
 // seen processed. fn's error makes the message be redelivered and processed
 // again; fn runs with a context that carries the claim's fencing token
 // (idempotency.TokenFrom) and is cancelled if the claim is lost.
+//
+// New refuses (idempotency.ErrInvalidConfig) a Window whose lease is
+// longer than the consumer's AckWait, and a Consumer without AckExplicit.
 func New(w *dedup.Window, fn func(ctx context.Context, msg jetstream.Msg) error, opts *Options) (*Handler, error) {
 	if w == nil || fn == nil {
 		return nil, fmt.Errorf("%w: natsdedup: nil Window or fn", idempotency.ErrInvalidConfig)
@@ -104,8 +163,24 @@ func New(w *dedup.Window, fn func(ctx context.Context, msg jetstream.Msg) error,
 	if o.AckWait < 0 {
 		return nil, fmt.Errorf("%w: natsdedup: AckWait %v is negative", idempotency.ErrInvalidConfig, o.AckWait)
 	}
+	if o.Consumer != nil {
+		if o.AckWait != 0 {
+			return nil, fmt.Errorf("%w: natsdedup: AckWait %v given with a Consumer, whose AckWait is used; set one of them", idempotency.ErrInvalidConfig, o.AckWait)
+		}
+		ackWait, err := consumerAckWait(o.Consumer)
+		if err != nil {
+			return nil, err
+		}
+		o.AckWait = ackWait
+	}
 	if o.AckWait == 0 {
 		o.AckWait = DefaultAckWait
+	}
+	if lease := w.Lease(); lease > o.AckWait {
+		return nil, fmt.Errorf("%w: natsdedup: the Window's Lease %v is longer than the consumer's AckWait %v: "+
+			"JetStream would redeliver a dead consumer's message while its claim still blocks it, and the "+
+			"redelivery would be Nak'ed at the cost of a delivery; give the Window a Lease of at most %v",
+			idempotency.ErrInvalidConfig, lease, o.AckWait, o.AckWait)
 	}
 	if o.Heartbeat == 0 {
 		o.Heartbeat = o.AckWait / 2
@@ -114,6 +189,27 @@ func New(w *dedup.Window, fn func(ctx context.Context, msg jetstream.Msg) error,
 		return nil, fmt.Errorf("%w: natsdedup: Heartbeat %v is not shorter than AckWait %v", idempotency.ErrInvalidConfig, o.Heartbeat, o.AckWait)
 	}
 	return &Handler{w: w, fn: fn, o: o}, nil
+}
+
+// consumerAckWait reads how long JetStream waits for c's acks, and checks
+// that c acks explicitly.
+func consumerAckWait(c jetstream.Consumer) (time.Duration, error) {
+	info := c.CachedInfo()
+	if info == nil {
+		return 0, fmt.Errorf("%w: natsdedup: Consumer has no cached info", idempotency.ErrInvalidConfig)
+	}
+	cfg := info.Config
+	if cfg.AckPolicy != jetstream.AckExplicitPolicy {
+		return 0, fmt.Errorf("%w: natsdedup: consumer %q uses %v; the window needs AckExplicit (a Nak'ed duplicate would be acked by a later message's Ack, or never redelivered)",
+			idempotency.ErrInvalidConfig, info.Name, cfg.AckPolicy)
+	}
+	ackWait := cfg.AckWait
+	for _, b := range cfg.BackOff {
+		if b > 0 && (ackWait <= 0 || b < ackWait) {
+			ackWait = b
+		}
+	}
+	return ackWait, nil
 }
 
 // MessageHandler returns a jetstream.MessageHandler for Consume that
@@ -127,14 +223,24 @@ func (h *Handler) MessageHandler(ctx context.Context) jetstream.MessageHandler {
 // sending the answer.
 func (h *Handler) Handle(ctx context.Context, msg jetstream.Msg) (dedup.Decision, error) {
 	id := h.msgID(msg)
-	d, err := h.w.Process(ctx, id, func(ctx context.Context) error {
-		if h.o.Heartbeat < 0 {
-			return h.fn(ctx, msg)
+	// The heartbeat starts with fn and lasts until the result is stored (or
+	// fn panicked), so that storing it is covered too.
+	var stop func()
+	defer func() {
+		if stop != nil {
+			stop()
 		}
-		stop := heartbeat(msg, h.o.Heartbeat)
-		defer stop()
+	}()
+	d, err := h.w.Process(ctx, id, func(ctx context.Context) error {
+		if h.o.Heartbeat > 0 {
+			stop = heartbeat(msg, h.o.Heartbeat)
+		}
 		return h.fn(ctx, msg)
 	})
+	if stop != nil {
+		stop()
+		stop = nil
+	}
 	var aerr error
 	switch d.Action {
 	case dedup.Ack:
@@ -166,22 +272,29 @@ func (h *Handler) msgID(msg jetstream.Msg) string {
 	if h.o.MsgID != nil {
 		return h.o.MsgID(msg)
 	}
-	if id := msg.Headers().Get(jetstream.MsgIDHeader); id != "" {
-		return id
-	}
 	md, err := msg.Metadata()
 	if err != nil {
 		return "" // not a JetStream message: terminated by the window
 	}
+	// Both names are tokens of the ack subject, so neither holds a dot.
+	scope := md.Stream + "." + md.Consumer + "."
+	if id := msg.Headers().Get(jetstream.MsgIDHeader); id != "" {
+		return scope + "id." + id
+	}
 	// The sequence alone is reused by a stream created again under the same
 	// name; the time the message was stored is not, and every delivery of
 	// one stored message carries the same.
-	return md.Stream + "/" + strconv.FormatUint(md.Sequence.Stream, 10) + "/" + strconv.FormatInt(md.Timestamp.UnixNano(), 10)
+	return scope + "seq." + strconv.FormatUint(md.Sequence.Stream, 10) + "." + strconv.FormatInt(md.Timestamp.UnixNano(), 10)
 }
 
-// heartbeat sends InProgress every interval until the returned stop is
-// called; stop returns once no signal is being sent.
+// heartbeat sends InProgress at once, then every interval until the
+// returned stop is called; stop returns once no signal is being sent.
 func heartbeat(msg jetstream.Msg, every time.Duration) (stop func()) {
+	// At once: the message's AckWait has run since the server sent it, and
+	// it may have waited in the client's buffer for most of it. A failed
+	// signal is not fatal: the window's lease still holds off a
+	// redelivered duplicate.
+	_ = msg.InProgress()
 	done := make(chan struct{})
 	var wg sync.WaitGroup
 	wg.Go(func() {
@@ -192,8 +305,6 @@ func heartbeat(msg jetstream.Msg, every time.Duration) (stop func()) {
 			case <-done:
 				return
 			case <-t.C:
-				// A failed signal is not fatal: the window's lease still
-				// holds off a redelivered duplicate.
 				_ = msg.InProgress()
 			}
 		}

@@ -232,7 +232,7 @@ func exactlyOnce(t *testing.T, newStore func(prefix string) idempotency.Store) {
 	// Two live consumers on the same durable and the same window. Their
 	// lease is short enough that a Nak's delay (the time left on it) keeps
 	// the test fast; it is renewed while fn runs.
-	w, err := dedup.New(store, &dedup.Options{Lease: 2 * time.Second})
+	w, err := dedup.New(store, &dedup.Options{Lease: ackWait})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -316,7 +316,7 @@ func TestHeartbeatHoldsOffRedelivery(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	w, err := dedup.New(idempotency.NewMemoryStore(), &dedup.Options{Lease: 5 * time.Second})
+	w, err := dedup.New(idempotency.NewMemoryStore(), &dedup.Options{Lease: ackWait / 2})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -342,8 +342,9 @@ func TestHeartbeatHoldsOffRedelivery(t *testing.T) {
 }
 
 // TestStreamSequenceFallback: without Nats-Msg-Id the id is the stream
-// sequence (and the time the message was stored), so two publishes of the
-// same payload are two messages.
+// sequence (and the time the message was stored), scoped by the stream and
+// the consumer (here "seq"), so two publishes of the same payload are two
+// messages.
 func TestStreamSequenceFallback(t *testing.T) {
 	js, name, subject := stream(t, 0)
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
@@ -374,7 +375,7 @@ func TestStreamSequenceFallback(t *testing.T) {
 		t.Errorf("ran %d times, want 2", r)
 	}
 	keys := store.Keys(time.Now())
-	want := []string{name + "/1/", name + "/2/"}
+	want := []string{name + ".seq.seq.1.", name + ".seq.seq.2."}
 	if len(keys) != 2 || !strings.HasPrefix(keys[0], want[0]) || !strings.HasPrefix(keys[1], want[1]) {
 		t.Errorf("window keys %q, want them to start with %q", keys, want)
 	}
