@@ -2,6 +2,7 @@ package idempotency
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"hash/maphash"
 	"sync"
@@ -15,10 +16,15 @@ type CacheOptions struct {
 	// second). It is how late this process may notice that the record was
 	// deleted through another process (an operator evicting the key on
 	// another instance) or behind this module's back. Deletes, claims and
-	// completions made through the cache itself take effect at once.
+	// completions made through the cache itself take effect at once, and so
+	// does a Get through it that finds the record gone. The TTL and the
+	// record's ExpiresAt are judged by the wall clock of the now arguments
+	// (as the store judges), and the TTL also by their monotonic clock when
+	// they carry one.
 	TTL time.Duration
 	// MaxBytes bounds the memory held by cached records: keys,
-	// fingerprints, bodies and header fields (0: 64 MiB). The oldest
+	// fingerprints, bodies, headers and the cache's own bookkeeping, as
+	// estimated (0: 64 MiB). The oldest
 	// entries leave first; a record larger than MaxBytes/64 is not cached.
 	MaxBytes int64
 }
@@ -49,9 +55,10 @@ var _ Store = (*ReplayCache)(nil)
 
 const (
 	cacheShards = 64
-	// cacheOverhead approximates an entry's memory beyond its strings: the
-	// entry, its map slot and its place in the queue.
-	cacheOverhead = 160
+	// cacheOverhead approximates an entry's memory beyond its strings and
+	// body: the entry itself (240 bytes), its map slot and its place in the
+	// queue, both counted for the spare room they grow with.
+	cacheOverhead = 320
 )
 
 // cacheShard is a map of entries with a queue in insertion order, from
@@ -72,13 +79,30 @@ type cacheShard struct {
 	_            [40]byte // keep shards on separate cache lines
 }
 
+// Times. The wall readings (at, until) are what the store judges by: an
+// entry is never served past the record's ExpiresAt, nor when the wall
+// clock reads more than the TTL after the read, as after a suspend, during
+// which the monotonic clock stops. fresh keeps the caller's monotonic
+// reading, if its clock has one, so that a wall clock stepped back does not
+// stretch the TTL either.
 type cacheEntry struct {
 	key   string
 	rec   Record
-	at    time.Time // when it was read from the store, by the caller's clock
-	until time.Time // served while at <= now < until
+	at    time.Time // when it was read from the store, by the caller's wall clock
+	until time.Time // min(at+TTL, ExpiresAt), wall clock
+	fresh time.Time // at+TTL, by the caller's monotonic clock if it has one
 	size  int64
 	gone  bool
+}
+
+// serves reports whether e may answer at now (its fingerprint aside).
+func (e *cacheEntry) serves(now time.Time) bool {
+	return !now.Before(e.at) && now.Before(e.until) && now.Before(e.fresh)
+}
+
+// over reports whether e will never answer again, now being the present.
+func (e *cacheEntry) over(now time.Time) bool {
+	return !now.Before(e.until) || !now.Before(e.fresh)
 }
 
 // NewReplayCache returns a ReplayCache in front of store.
@@ -153,12 +177,12 @@ func (c *ReplayCache) Begin(ctx context.Context, key, fingerprint string, now ti
 	sh := c.shard(key)
 	sh.mu.Lock()
 	if e := sh.m[key]; e != nil {
-		if !now.Before(e.at) && now.Before(e.until) && e.rec.Fingerprint == fingerprint {
+		if e.rec.Fingerprint == fingerprint && e.serves(now) {
 			sh.hits++
 			sh.mu.Unlock()
 			return copyRecord(&e.rec), false, nil
 		}
-		if !now.Before(e.until) {
+		if e.over(now) {
 			sh.remove(e)
 		}
 	}
@@ -182,24 +206,24 @@ func (c *ReplayCache) Begin(ctx context.Context, key, fingerprint string, now ti
 // insert caches a copy of rec, read from the store at now, unless the
 // shard saw an invalidation since gen.
 func (c *ReplayCache) insert(sh *cacheShard, gen uint64, key string, rec *Record, now time.Time) {
-	until := now.Add(c.ttl)
-	if rec.ExpiresAt.Before(until) {
-		until = rec.ExpiresAt
+	at := now.Round(0) // the wall reading alone
+	until := at.Add(c.ttl)
+	if exp := rec.ExpiresAt.Round(0); exp.Before(until) {
+		until = exp
 	}
-	if !now.Before(until) {
+	if !at.Before(until) {
 		return
 	}
-	size := int64(cacheOverhead + 2*len(key) + len(rec.Fingerprint) + len(rec.Response.Body))
-	for k, vs := range rec.Response.Header {
-		size += int64(len(k)) + 16
-		for _, v := range vs {
-			size += int64(len(v)) + 16
-		}
-	}
+	size := cacheOverhead + int64(len(key)+len(rec.Fingerprint)+len(rec.Response.Body)) + headerSize(rec.Response.Header)
 	if size > c.maxShard {
 		return
 	}
-	e := &cacheEntry{key: key, rec: copyRecord(rec), at: now, until: until, size: size}
+	e := &cacheEntry{rec: copyRecord(rec), at: at, until: until, fresh: now.Add(c.ttl), size: size}
+	// The key and fingerprint in one string of the cache's own: the
+	// caller's may be cut from a larger one, which they would keep alive.
+	kf := key + rec.Fingerprint
+	e.key, e.rec.Fingerprint = kf[:len(key)], kf[len(key):]
+	key = e.key
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
 	if sh.gen != gen {
@@ -212,7 +236,7 @@ func (c *ReplayCache) insert(sh *cacheShard, gen uint64, key string, rec *Record
 	// budget needs.
 	for sh.head < len(sh.queue) {
 		o := sh.queue[sh.head]
-		if !o.gone && now.Before(o.until) && sh.bytes+size <= c.maxShard {
+		if !o.gone && !o.over(now) && sh.bytes+size <= c.maxShard {
 			break
 		}
 		if !o.gone {
@@ -236,6 +260,30 @@ func (c *ReplayCache) insert(sh *cacheShard, gen uint64, key string, rec *Record
 		clear(sh.queue[len(q):])
 		sh.queue, sh.head = q, 0
 	}
+}
+
+// headerSize approximates the memory of a copy of h made by copyRecord:
+// the map (its header, a group of eight slots of 41 bytes, and more groups
+// at seven eighths full), the array of values and the strings.
+func headerSize(h map[string][]string) int64 {
+	switch {
+	case h == nil:
+		return 0
+	case len(h) == 0:
+		return 48 // the map's header alone
+	}
+	slots := 8
+	for slots*7/8 < len(h) {
+		slots *= 2
+	}
+	n := int64(64 + 41*slots)
+	for k, vs := range h {
+		n += int64(len(k) + 16*len(vs))
+		for _, v := range vs {
+			n += int64(len(v))
+		}
+	}
+	return n
 }
 
 // remove drops e from the shard's map; its queue slot is skipped later.
@@ -278,9 +326,23 @@ func (c *ReplayCache) Release(ctx context.Context, key string, token uint64) err
 }
 
 // Get always asks the store: it is for operators and for waiters, who
-// want the store's view.
+// want the store's view. When the store no longer holds the record the
+// cache holds (it was deleted or claimed again elsewhere), the cache
+// forgets it: an operator who finds that a key is gone, through this
+// process, stops it being replayed here.
 func (c *ReplayCache) Get(ctx context.Context, key string, now time.Time) (Record, error) {
-	return c.store.Get(ctx, key, now)
+	rec, err := c.store.Get(ctx, key, now)
+	if err != nil && !errors.Is(err, ErrNotFound) {
+		return rec, err
+	}
+	sh := c.shard(key)
+	sh.mu.Lock()
+	if e := sh.m[key]; e != nil && (err != nil || rec.State != Done || rec.Token != e.rec.Token) {
+		sh.gen++
+		sh.remove(e)
+	}
+	sh.mu.Unlock()
+	return rec, err
 }
 
 // Delete deletes the key in the store and forgets it here at once. Other
@@ -301,9 +363,7 @@ func (c *ReplayCache) Forget(key string) { c.invalidate(key) }
 // in one allocation, the header's values in one more.
 func copyRecord(r *Record) Record {
 	out := *r
-	if r.Response.Body != nil {
-		out.Response.Body = append([]byte(nil), r.Response.Body...)
-	}
+	out.Response.Body = cloneBytes(r.Response.Body) // nil stays nil, empty stays empty
 	if h := r.Response.Header; h != nil {
 		n := 0
 		for _, vs := range h {

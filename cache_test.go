@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -316,4 +317,124 @@ func TestReplayCacheGuardRunsOnce(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+}
+
+// TestReplayCacheKeepsEmptyBody: an answer from memory is the store's, an
+// empty body included: the MemoryStore tells nil from empty, so must the
+// cache, or a replay changes with whether it was cached.
+func TestReplayCacheKeepsEmptyBody(t *testing.T) {
+	c := newCache(t, idempotency.NewMemoryStore(), &idempotency.CacheOptions{TTL: time.Hour})
+	ctx := context.Background()
+	rec, _ := begin(t, c, "k", "fp", t0)
+	if err := c.Complete(ctx, "k", rec.Token, idempotency.Response{Status: 204, Body: []byte{}}, t0, time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	for _, what := range []string{"from the store", "from memory"} {
+		if rec, _ := begin(t, c, "k", "fp", t0); rec.Response.Body == nil {
+			t.Errorf("replay %s: Body is nil, want the empty body stored", what)
+		}
+	}
+	if st := c.Stats(); st.Hits != 1 {
+		t.Fatalf("Stats = %+v, want one hit", st)
+	}
+}
+
+// TestReplayCacheGetForgetsWhatTheStoreLost: when Get finds that the store
+// no longer holds the record the cache holds (deleted through another
+// instance, or claimed again), the cache forgets it. The proxy's admin API
+// reads a key before deleting it and answers 404 for a key the store does
+// not hold: without this, an operator could not make an instance stop
+// replaying a key deleted elsewhere.
+func TestReplayCacheGetForgetsWhatTheStoreLost(t *testing.T) {
+	ctx := context.Background()
+	for _, then := range []string{"deleted", "claimed again"} {
+		t.Run(then, func(t *testing.T) {
+			s := idempotency.NewMemoryStore()
+			c := newCache(t, s, &idempotency.CacheOptions{TTL: time.Hour})
+			finish(t, c, "k", "fp", "one", t0, time.Hour)
+			begin(t, c, "k", "fp", t0) // cached
+			if err := s.Delete(ctx, "k"); err != nil {
+				t.Fatal(err)
+			}
+			want := error(idempotency.ErrNotFound)
+			if then == "claimed again" {
+				want = nil
+				if _, ok, err := s.Begin(ctx, "k", "fp", t0, time.Minute, time.Hour); err != nil || !ok {
+					t.Fatalf("claim behind the cache = %v, %v", ok, err)
+				}
+			}
+			if _, err := c.Get(ctx, "k", t0); !errors.Is(err, want) {
+				t.Fatalf("Get = %v, want %v", err, want)
+			}
+			rec, ok := begin(t, c, "k", "fp", t0)
+			if rec.State == idempotency.Done {
+				t.Fatalf("Begin after Get saw the record %s = %v %q: replayed from memory", then, ok, rec.Response.Body)
+			}
+		})
+	}
+}
+
+// TestReplayCacheGetKeepsTheSameRecord: a Get that finds the record the
+// cache holds leaves it cached.
+func TestReplayCacheGetKeepsTheSameRecord(t *testing.T) {
+	cs := &countingStore{Store: idempotency.NewMemoryStore()}
+	c := newCache(t, cs, &idempotency.CacheOptions{TTL: time.Hour})
+	finish(t, c, "k", "fp", "one", t0, time.Hour)
+	begin(t, c, "k", "fp", t0)
+	if _, err := c.Get(context.Background(), "k", t0); err != nil {
+		t.Fatal(err)
+	}
+	before := cs.begins.Load()
+	begin(t, c, "k", "fp", t0)
+	if cs.begins.Load() != before {
+		t.Error("a Get of the cached record made the next replay ask the store")
+	}
+}
+
+// TestReplayCacheMemoryWithinMaxBytes: what the cache holds on the heap
+// (entries, their map and queue, copies of keys, bodies and headers) stays
+// within MaxBytes, for records shaped like HTTP responses (a short body and
+// a few header fields), where the memory beyond the bytes themselves counts
+// most.
+func TestReplayCacheMemoryWithinMaxBytes(t *testing.T) {
+	const max = 4 << 20
+	s := idempotency.NewMemoryStore()
+	ctx := context.Background()
+	hdr := map[string][]string{
+		"Content-Type": {"application/json"},
+		"Date":         {"Thu, 03 Dec 2026 12:00:00 GMT"},
+		"X-Request-Id": {"0123456789abcdef"},
+	}
+	body := []byte(`{"id":"order-0123456789","state":"accepted","amount":1200,"currency":"EUR"}`)
+	const n = 30000 // several times what fits
+	for i := range n {
+		k := fmt.Sprint("order-", i)
+		rec, _, err := s.Begin(ctx, k, "fp-0123456789abcdef", t0, time.Minute, time.Hour)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := s.Complete(ctx, k, rec.Token, idempotency.Response{Status: 201, Header: hdr, Body: body}, t0, time.Hour); err != nil {
+			t.Fatal(err)
+		}
+	}
+	c := newCache(t, s, &idempotency.CacheOptions{TTL: time.Hour, MaxBytes: max})
+	var before, after runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&before)
+	for i := range n {
+		if _, _, err := c.Begin(ctx, fmt.Sprint("order-", i), "fp-0123456789abcdef", t0, time.Minute, time.Hour); err != nil {
+			t.Fatal(err)
+		}
+	}
+	runtime.GC()
+	runtime.ReadMemStats(&after)
+	held := int64(after.HeapAlloc) - int64(before.HeapAlloc)
+	st := c.Stats()
+	if held > max*11/10 {
+		t.Errorf("the cache holds %d bytes of heap for %d entries under MaxBytes %d (it counts %d)", held, st.Entries, max, st.Bytes)
+	}
+	if st.Entries == 0 || st.Entries == n {
+		t.Errorf("%d entries of %d cached: the test does not fill the cache", st.Entries, n)
+	}
+	runtime.KeepAlive(c)
 }

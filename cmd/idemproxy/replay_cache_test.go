@@ -75,3 +75,30 @@ func TestReplayCacheFlags(t *testing.T) {
 		t.Error("the memory store got a replay cache")
 	}
 }
+
+// TestReplayCacheAdminDeleteOfKeyDeletedElsewhere: a key deleted through
+// another instance keeps replaying here until the TTL runs out; an operator
+// who then deletes it through this instance's admin API gets 404 (the
+// store holds nothing) and this instance stops replaying it at once.
+func TestReplayCacheAdminDeleteOfKeyDeletedElsewhere(t *testing.T) {
+	up := newUpstream(t)
+	store := redisTestStore(t)
+	a := startInproc(t, "-upstream", up.URL, "-store", store, "-replay-cache", "1h")
+	b := startInproc(t, "-upstream", up.URL, "-store", store)
+
+	first := mustPost(t, a.proxy, "/orders", "k1", "x")
+	if r := mustPost(t, a.proxy, "/orders", "k1", "x"); r.body != first.body { // cached
+		t.Fatalf("replay = %q, want %q", r.body, first.body)
+	}
+	if r := do(t, http.MethodDelete, "http://"+b.admin+"/keys/k1"); r.status != http.StatusOK {
+		t.Fatalf("DELETE through b = %d %q", r.status, r.body)
+	}
+	if r := do(t, http.MethodDelete, "http://"+a.admin+"/keys/k1"); r.status != http.StatusNotFound {
+		t.Fatalf("DELETE through a of a key the store no longer holds = %d %q, want 404", r.status, r.body)
+	}
+	r := mustPost(t, a.proxy, "/orders", "k1", "x")
+	if r.header.Get("Idempotent-Replayed") != "" || up.ran("k1") != 2 {
+		t.Fatalf("a after the operator deleted the key through it: %q (replayed %q), %d runs; want a second run",
+			r.body, r.header.Get("Idempotent-Replayed"), up.ran("k1"))
+	}
+}
