@@ -395,6 +395,12 @@ func (c *claimCtx) AfterFunc(f func()) (stop func() bool) {
 	}
 	c.afters = append(c.afters, a)
 	c.mu.Unlock()
+	if c.Context.Done() == nil {
+		// The parent is never done (a detached request): only the lease
+		// can end c, and linking to the parent would cost two allocations
+		// for nothing.
+		return a.stop
+	}
 	stopParent := context.AfterFunc(c.Context, a.run)
 	return func() bool {
 		stopParent()
