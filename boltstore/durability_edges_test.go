@@ -65,18 +65,18 @@ func checkIndex(t *testing.T, s *Store) {
 	}
 }
 
-// reviewSeed, when not 0, repeats a run of TestReviewIndexFollowsRecords.
-var reviewSeed int64
+// edgeSeed, when not 0, repeats a run of TestIndexFollowsRecords.
+var edgeSeed int64
 
 // A random mix of every operation, with a clock that moves forward by
 // random steps, keeps the records and the expiry index in step and gives
 // the same answers as the MemoryStore; tokens of a key only grow.
-func TestReviewIndexFollowsRecords(t *testing.T) {
-	seed := reviewSeed
+func TestIndexFollowsRecords(t *testing.T) {
+	seed := edgeSeed
 	if seed == 0 {
 		seed = time.Now().UnixNano()
 	}
-	t.Logf("seed %d (set reviewSeed to repeat)", seed)
+	t.Logf("seed %d (set edgeSeed to repeat)", seed)
 	rng := rand.New(rand.NewPCG(uint64(seed), 0))
 	s := openTest(t, &Options{SweepPerWrite: 1, SweepBatch: 3})
 	m := idempotency.NewMemoryStore()
@@ -162,7 +162,7 @@ func TestReviewIndexFollowsRecords(t *testing.T) {
 
 // A key at the length limit goes through its whole life, the sweep
 // included: its index entry is exactly bbolt's longest key.
-func TestReviewLongestKeyLifecycle(t *testing.T) {
+func TestLongestKeyLifecycle(t *testing.T) {
 	s := openTest(t, &Options{SweepPerWrite: -1})
 	key := string(make([]byte, maxKeyLen))
 	rec, ok, err := s.Begin(ctx, key, "fp", t0, lease, retention)
@@ -191,7 +191,7 @@ func TestReviewLongestKeyLifecycle(t *testing.T) {
 
 // Close while a long Sweep runs: the Sweep stops with ErrUnavailable (or
 // ends first), nothing hangs, and the file reopens consistent.
-func TestReviewCloseDuringSweep(t *testing.T) {
+func TestCloseDuringSweep(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "sweep.db")
 	s, err := Open(path, &Options{SweepPerWrite: -1, SweepBatch: 5})
 	if err != nil {
@@ -253,7 +253,7 @@ func TestReviewCloseDuringSweep(t *testing.T) {
 // New on a DB whose bucket of that name holds someone else's data refuses
 // it rather than mix its own buckets into it (and sweep whatever it takes
 // for its index).
-func TestReviewNewRefusesForeignBucket(t *testing.T) {
+func TestNewRefusesForeignBucket(t *testing.T) {
 	cases := map[string]func(top *bolt.Bucket) error{
 		"other keys": func(top *bolt.Bucket) error {
 			return top.Put([]byte("user"), []byte("data"))
@@ -308,7 +308,7 @@ func TestReviewNewRefusesForeignBucket(t *testing.T) {
 // nanoseconds; "keep forever" written as a huge Duration) must not wrap to
 // an expiry in the past: the record would be dead at once and every retry
 // would run the operation again.
-func TestReviewHugeDurations(t *testing.T) {
+func TestHugeDurations(t *testing.T) {
 	const forever = time.Duration(1<<63 - 1)
 	s := openTest(t, nil)
 	rec, ok, err := s.Begin(ctx, "k", "fp", t0, forever, forever)

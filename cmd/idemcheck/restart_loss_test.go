@@ -12,7 +12,7 @@ import (
 // anything, and must fail the demo that -store runs after it: the server
 // killed and restarted on it runs answered keys again instead of
 // replaying them.
-func TestReviewStoreLosingResultsOnRestart(t *testing.T) {
+func TestStoreLosingResultsOnRestart(t *testing.T) {
 	code, out, errOut := runCmd(t, "-store", "memory", "-duration", "3s", "-seed", "5")
 	if code != exitFail {
 		t.Fatalf("exit %d for a store that forgets every result on a restart, want 1\nstdout:\n%s\nstderr:\n%s", code, out, errOut)

@@ -18,7 +18,7 @@ import (
 // A target whose window is a second replays every retry sent at once, and
 // runs again the ones sent later: -window says how late the last retries
 // go, and the default catches this one.
-func TestReviewTargetWindow(t *testing.T) {
+func TestTargetWindow(t *testing.T) {
 	guard, err := idempotency.NewGuard(idempotency.NewMemoryStore(), &idempotency.Options{Lease: 500 * time.Millisecond, Retention: time.Second})
 	if err != nil {
 		t.Fatal(err)

@@ -10,9 +10,9 @@ import (
 	"testing"
 )
 
-// TestReviewConfigErrors: each bad value is a usage error that names the
+// TestConfigErrors: each bad value is a usage error that names the
 // flag or variable as the operator set it, with the value.
-func TestReviewConfigErrors(t *testing.T) {
+func TestConfigErrors(t *testing.T) {
 	for _, tc := range []struct {
 		name string
 		args []string
@@ -54,9 +54,9 @@ func TestReviewConfigErrors(t *testing.T) {
 	}
 }
 
-// TestReviewUpstreamPasswordNotInError: the upstream's password stays out
+// TestUpstreamPasswordNotInError: the upstream's password stays out
 // of the error, whichever check refuses it.
-func TestReviewUpstreamPasswordNotInError(t *testing.T) {
+func TestUpstreamPasswordNotInError(t *testing.T) {
 	for _, up := range []string{"http://u:s3cret@x:bad", "ftp://u:s3cret@x", "http://u:s3cret@x:9000"} {
 		_, err := parseConfig([]string{"-upstream", up}, noEnv, &syncBuffer{})
 		if err == nil || strings.Contains(err.Error(), "s3cret") {
@@ -65,9 +65,9 @@ func TestReviewUpstreamPasswordNotInError(t *testing.T) {
 	}
 }
 
-// TestReviewEmptyAdminEnvTurnsAdminOff: IDEMPROXY_ADMIN= turns the admin
+// TestEmptyAdminEnvTurnsAdminOff: IDEMPROXY_ADMIN= turns the admin
 // server off as -admin "" does (the usage says "empty: off").
-func TestReviewEmptyAdminEnvTurnsAdminOff(t *testing.T) {
+func TestEmptyAdminEnvTurnsAdminOff(t *testing.T) {
 	up := newUpstream(t)
 	for _, tc := range []struct {
 		name string
@@ -99,10 +99,10 @@ func TestReviewEmptyAdminEnvTurnsAdminOff(t *testing.T) {
 	}
 }
 
-// TestReviewStoreEnvPasswordNotInUsage: an operator command prints its
+// TestStoreEnvPasswordNotInUsage: an operator command prints its
 // usage on a mistake; the store URL from IDEMPROXY_STORE, password and
 // all, used to be printed as the flag's default.
-func TestReviewStoreEnvPasswordNotInUsage(t *testing.T) {
+func TestStoreEnvPasswordNotInUsage(t *testing.T) {
 	env := envOf(map[string]string{"IDEMPROXY_STORE": "redis://:hunter2@127.0.0.1:1/0"})
 	for _, args := range [][]string{{"get"}, {"delete", "-bogus", "k"}, {"release", "-h"}} {
 		var out syncBuffer
@@ -126,9 +126,9 @@ func TestReviewStoreEnvPasswordNotInUsage(t *testing.T) {
 	}
 }
 
-// TestReviewHelp: -h prints the usage, which names the environment
+// TestHelp: -h prints the usage, which names the environment
 // variables, and is not an error (exit 0).
-func TestReviewHelp(t *testing.T) {
+func TestHelp(t *testing.T) {
 	for _, args := range [][]string{{"-h"}, {"get", "-h"}} {
 		var out syncBuffer
 		err := run(context.Background(), args, &out, &out, noEnv)
@@ -143,9 +143,9 @@ func TestReviewHelp(t *testing.T) {
 	}
 }
 
-// TestReviewBadListenBeforeStore: a malformed -listen is refused before
+// TestBadListenBeforeStore: a malformed -listen is refused before
 // the store is opened (or a PostgreSQL schema migrated).
-func TestReviewBadListenBeforeStore(t *testing.T) {
+func TestBadListenBeforeStore(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "idem.db")
 	err := run(context.Background(), []string{"-upstream", "http://127.0.0.1:9", "-store", "bolt:" + path, "-listen", "8080"},
 		&syncBuffer{}, &syncBuffer{}, noEnv)
@@ -157,7 +157,7 @@ func TestReviewBadListenBeforeStore(t *testing.T) {
 	}
 }
 
-func TestReviewRedactURL(t *testing.T) {
+func TestRedactURL(t *testing.T) {
 	for _, tc := range []struct{ in, want string }{
 		{"memory", "memory"},
 		{"bolt:/var/lib/idem@x:y.db", "bolt:/var/lib/idem@x:y.db"},

@@ -267,7 +267,7 @@ func reviewConfig(target string) Config {
 
 // Concurrent duplicates that wait for the holder and are then answered 200,
 // where the first answer was 201, do not get "the first answer".
-func TestReviewConcurrentWaitersGetAnotherStatus(t *testing.T) {
+func TestConcurrentWaitersGetAnotherStatus(t *testing.T) {
 	rep := run(t, reviewConfig(serve(t, newLenient(&lenient{waiters200: true}))))
 	if !containsName(failed(rep), CheckConcurrent) {
 		t.Errorf("%q held for a target that answers waiting duplicates 200 where the first answer was 201", CheckConcurrent)
@@ -276,7 +276,7 @@ func TestReviewConcurrentWaitersGetAnotherStatus(t *testing.T) {
 
 // A target that forgets a key shortly after it answered runs the key again:
 // its window is shorter than the run, and a retry late in it must show it.
-func TestReviewShortWindow(t *testing.T) {
+func TestShortWindow(t *testing.T) {
 	rep := run(t, reviewConfig(serve(t, newLenient(&lenient{window: 200 * time.Millisecond}))))
 	if !containsName(failed(rep), CheckRetry) {
 		t.Errorf("%q held for a target that forgets every key 200ms after answering it", CheckRetry)
@@ -286,7 +286,7 @@ func TestReviewShortWindow(t *testing.T) {
 // A target whose answer names the key (the resource id is the key) but
 // nothing unique to the execution runs concurrent duplicates more than once
 // unseen: its answers must not be taken to identify executions.
-func TestReviewAnswerEchoesKey(t *testing.T) {
+func TestAnswerEchoesKey(t *testing.T) {
 	s := newLenient(&lenient{echoKey: true})
 	rep := run(t, reviewConfig(serve(t, s)))
 	for _, c := range rep.Checks() {
@@ -299,7 +299,7 @@ func TestReviewAnswerEchoesKey(t *testing.T) {
 
 // A target that answers another caller's request on a used key with the
 // first caller's body (under another status) leaks the result.
-func TestReviewStrangerGetsTheBody(t *testing.T) {
+func TestStrangerGetsTheBody(t *testing.T) {
 	rep := run(t, reviewConfig(serve(t, newLenient(&lenient{strangerGets200: true}))))
 	if !containsName(failed(rep), CheckScope) {
 		t.Errorf("%q held for a target that gives the second caller the first caller's body", CheckScope)
@@ -308,7 +308,7 @@ func TestReviewStrangerGetsTheBody(t *testing.T) {
 
 // A target that keeps fingerprints but not responses runs every retry, and
 // answers the same bytes every time: an equal retry is no replay.
-func TestReviewEqualBytesAreNoReplay(t *testing.T) {
+func TestEqualBytesAreNoReplay(t *testing.T) {
 	s := newLenient(&lenient{validateOnly: true})
 	rep := run(t, reviewConfig(serve(t, s)))
 	for _, c := range rep.Checks() {
@@ -327,7 +327,7 @@ func TestReviewEqualBytesAreNoReplay(t *testing.T) {
 
 // Replays that lose the first answer's Content-Type and Location are not
 // the first answer.
-func TestReviewReplayLosesHeaders(t *testing.T) {
+func TestReplayLosesHeaders(t *testing.T) {
 	rep := run(t, reviewConfig(serve(t, newLenient(&lenient{dropHeaders: true}))))
 	if !containsName(failed(rep), CheckRetry) {
 		t.Errorf("%q held for a target whose replays drop Content-Type and Location", CheckRetry)
@@ -337,7 +337,7 @@ func TestReviewReplayLosesHeaders(t *testing.T) {
 // A target that forgets a request whose client left while it ran, and
 // answers the retry with a new execution, earns no held observation for
 // it: only retries known to be replays count.
-func TestReviewLostThenRanAgainIsNotHeld(t *testing.T) {
+func TestLostThenRanAgainIsNotHeld(t *testing.T) {
 	s := newLenient(&lenient{goneDiscard: true})
 	target := serve(t, s)
 	cfg := reviewConfig(target)
@@ -368,7 +368,7 @@ func containsName(names []string, name string) bool {
 
 // Targets with defects the checker already catches, each by the check that
 // must name it: a record of what was tried.
-func TestReviewCaught(t *testing.T) {
+func TestCaught(t *testing.T) {
 	for _, tc := range []struct {
 		name   string
 		target *lenient

@@ -110,7 +110,7 @@ func certifyBroken(t *testing.T, desc string, s idempotency.Store) *verdict.Repo
 	return rep
 }
 
-func TestReviewBrokenStores(t *testing.T) {
+func TestBrokenStores(t *testing.T) {
 	for _, tc := range []struct {
 		name  string
 		store func(*idempotency.MemoryStore) idempotency.Store
@@ -156,7 +156,7 @@ func TestReviewBrokenStores(t *testing.T) {
 // configures it (the server's clock, by default, where Redis draws tokens
 // from its TIME). A fencing defect of that path alone must be found by the
 // campaign: here the contract's store is correct, the campaign's is not.
-func TestReviewCampaignAloneFindsStaleRenewAndRelease(t *testing.T) {
+func TestCampaignAloneFindsStaleRenewAndRelease(t *testing.T) {
 	for _, tc := range []struct {
 		name  string
 		store idempotency.Store

@@ -11,9 +11,9 @@ import (
 	"github.com/archlab/idempotency"
 )
 
-// TestReviewUnknownSchemeHidesDSN: a key=value connection string given as
+// TestUnknownSchemeHidesDSN: a key=value connection string given as
 // the store is refused without being quoted back, password and all.
-func TestReviewUnknownSchemeHidesDSN(t *testing.T) {
+func TestUnknownSchemeHidesDSN(t *testing.T) {
 	for _, raw := range []string{
 		"host=db user=app password=s3cret",
 		"host=db password=s3:cret",
@@ -36,11 +36,11 @@ func TestReviewUnknownSchemeHidesDSN(t *testing.T) {
 	}
 }
 
-// TestReviewMalformedQueryRejected: a query that url.Query cannot parse
+// TestMalformedQueryRejected: a query that url.Query cannot parse
 // whole used to lose the malformed pairs without a word, so that
 // sslmode=require;... connected with the default sslmode, and
 // prefix=a;b shared the default prefix with every other application.
-func TestReviewMalformedQueryRejected(t *testing.T) {
+func TestMalformedQueryRejected(t *testing.T) {
 	for _, raw := range []string{
 		"postgres://127.0.0.1:1/x?sslmode=require;connect_timeout=1",
 		"postgres://127.0.0.1:1/x?connect_timeout=1&password=50%zz",
@@ -64,10 +64,10 @@ func TestReviewMalformedQueryRejected(t *testing.T) {
 	}
 }
 
-// TestReviewBoltLockedSaysSo: a bolt file another process holds fails
+// TestBoltLockedSaysSo: a bolt file another process holds fails
 // within bbolt's open timeout with an error that says the file is locked,
 // not just "timeout".
-func TestReviewBoltLockedSaysSo(t *testing.T) {
+func TestBoltLockedSaysSo(t *testing.T) {
 	raw := "bolt:" + filepath.Join(t.TempDir(), "idem.db")
 	_, first, err := Open(context.Background(), raw, Options{})
 	if err != nil {
