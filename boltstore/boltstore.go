@@ -47,7 +47,12 @@ import (
 	"bytes"
 	"context"
 	"encoding/binary"
+	"errors"
 	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -72,8 +77,10 @@ type Options struct {
 	// Bucket is the name of the top-level bucket holding the records
 	// ("": DefaultBucket). Stores with different buckets share a file
 	// without seeing each other's keys (and each has its own group commit).
-	// A bucket of that name holding anything else is refused with
-	// ErrInvalidConfig.
+	// Two open Stores must not share one bucket: a Store's reads wait only
+	// for its own commit under way, so they could answer from the other's
+	// before it is synced. A bucket of that name holding anything else is
+	// refused with ErrInvalidConfig.
 	Bucket string
 	// OpenTimeout is how long Open waits for the file lock held by another
 	// process (0: DefaultOpenTimeout). New ignores it.
@@ -137,12 +144,20 @@ var errClosed = fmt.Errorf("boltstore: store closed: %w", bolt.ErrDatabaseNotOpe
 const maxKeyLen = bolt.MaxKeySize - 8
 
 // Open opens (creating if needed) the bbolt file at path and returns a
-// Store that owns it: Close closes the file.
+// Store that owns it: Close closes the file. A file it creates is made
+// durable in its directory (the directory is synced) before Open returns.
 func Open(path string, opts *Options) (*Store, error) {
+	return open(path, opts, syncDir)
+}
+
+// open is Open with the directory sync given, for tests.
+func open(path string, opts *Options, syncDir func(dir string) error) (*Store, error) {
 	o, err := opts.resolve()
 	if err != nil {
 		return nil, err
 	}
+	_, statErr := os.Stat(path)
+	created := errors.Is(statErr, fs.ErrNotExist)
 	db, err := bolt.Open(path, 0o600, &bolt.Options{
 		Timeout: o.OpenTimeout,
 		// The sweep frees pages all the time; the hashmap freelist finds
@@ -158,6 +173,15 @@ func Open(path string, opts *Options) (*Store, error) {
 	if err != nil {
 		return nil, fmt.Errorf("boltstore: open %s: %w: %w", path, idempotency.ErrUnavailable, err)
 	}
+	// bbolt syncs the new file but not the directory entry that names it:
+	// until the directory is synced, a power cut may take the file, and
+	// every write acknowledged in it, away.
+	if created {
+		if err := syncDir(filepath.Dir(path)); err != nil {
+			_ = db.Close()
+			return nil, fmt.Errorf("boltstore: open %s: sync directory: %w: %w", path, idempotency.ErrUnavailable, err)
+		}
+	}
 	s, err := newStore(db, o)
 	if err != nil {
 		_ = db.Close()
@@ -165,6 +189,24 @@ func Open(path string, opts *Options) (*Store, error) {
 	}
 	s.owned = true
 	return s, nil
+}
+
+// syncDir makes the entries of the directory dir durable.
+func syncDir(dir string) error {
+	if runtime.GOOS == "windows" {
+		// NTFS journals directory entries, and Windows cannot fsync a
+		// directory handle opened by os.
+		return nil
+	}
+	d, err := os.Open(dir)
+	if err != nil {
+		return err
+	}
+	err = d.Sync()
+	if cerr := d.Close(); err == nil {
+		err = cerr
+	}
+	return err
 }
 
 // New returns a Store on the caller's open DB, which keeps owning it: Close
@@ -716,12 +758,19 @@ type op struct {
 	done    chan struct{}
 }
 
-// apply runs o in tx unless its caller has gone.
-func (s *Store) apply(tx *bolt.Tx, o *op) error {
+// apply runs o in tx unless its caller has gone. A panic in o is o's error
+// alone: like an engine failure it rolls the batch back and takes o out, so
+// that a bug in one write does not fail every write batched with it.
+func (s *Store) apply(tx *bolt.Tx, o *op) (err error) {
 	o.skipped = o.ctx.Err() != nil // reset on every run of the batch
 	if o.skipped {
 		return nil // the caller returned already; change nothing
 	}
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("boltstore: panic in a write: %v", r)
+		}
+	}()
 	b, err := s.buckets(tx)
 	if err != nil {
 		return err

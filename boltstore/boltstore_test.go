@@ -521,14 +521,28 @@ func TestCloseWithDelay(t *testing.T) {
 	}
 }
 
-// A panicking write fails its batch with an error instead of killing the
-// committer: later writes still commit.
+// A panicking write fails alone, with an error, instead of killing the
+// committer or failing its batch: its neighbours, before and after it in
+// the batch, commit, and later writes still commit.
 func TestPanicInWrite(t *testing.T) {
 	s := openTest(t, nil)
+	before := &op{ctx: ctx, done: make(chan struct{}), fn: putDone("before")}
 	o := &op{ctx: ctx, done: make(chan struct{}), fn: func(buckets) error { panic("bug") }}
-	s.commit([]*op{o})
+	after := &op{ctx: ctx, done: make(chan struct{}), fn: putDone("after")}
+	s.commit([]*op{before, o, after})
 	if o.err == nil {
 		t.Fatal("a panicking write reported no error")
+	}
+	for _, n := range []struct {
+		key string
+		o   *op
+	}{{"before", before}, {"after", after}} {
+		if n.o.err != nil {
+			t.Errorf("the write %s the panicking one failed: %v", n.key, n.o.err)
+		}
+		if _, err := s.Get(ctx, n.key, t0); err != nil {
+			t.Errorf("the write %s the panicking one is missing: %v", n.key, err)
+		}
 	}
 	if _, ok, err := s.Begin(ctx, "k", "fp", t0, lease, retention); err != nil || !ok {
 		t.Fatalf("Begin after a panicking write: %v, %v", ok, err)
