@@ -359,6 +359,24 @@ func (c *ReplayCache) Delete(ctx context.Context, key string) error {
 // key was deleted.
 func (c *ReplayCache) Forget(key string) { c.invalidate(key) }
 
+// ForgetAll empties the cache without touching the store: for a process
+// that may have missed deletions (its notification feed was cut off).
+// Answers of the store read before it are not cached either.
+func (c *ReplayCache) ForgetAll() {
+	for i := range c.shards {
+		sh := &c.shards[i]
+		sh.mu.Lock()
+		sh.gen++
+		for _, e := range sh.m {
+			e.gone = true
+		}
+		clear(sh.m)
+		clear(sh.queue)
+		sh.queue, sh.head, sh.bytes = sh.queue[:0], 0, 0
+		sh.mu.Unlock()
+	}
+}
+
 // copyRecord returns a copy of r that shares no memory with it: the body
 // in one allocation, the header's values in one more.
 func copyRecord(r *Record) Record {

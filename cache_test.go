@@ -438,3 +438,29 @@ func TestReplayCacheMemoryWithinMaxBytes(t *testing.T) {
 	}
 	runtime.KeepAlive(c)
 }
+
+func TestReplayCacheForgetAll(t *testing.T) {
+	cs := &countingStore{Store: idempotency.NewMemoryStore()}
+	c := newCache(t, cs, &idempotency.CacheOptions{TTL: time.Hour})
+	for i := range 100 {
+		k := fmt.Sprint("k", i)
+		finish(t, c, k, "fp", "x", t0, time.Hour)
+		begin(t, c, k, "fp", t0)
+	}
+	if st := c.Stats(); st.Entries != 100 {
+		t.Fatalf("Stats = %+v, want 100 entries", st)
+	}
+	c.ForgetAll()
+	if st := c.Stats(); st.Entries != 0 || st.Bytes != 0 {
+		t.Fatalf("Stats after ForgetAll = %+v", st)
+	}
+	before := cs.begins.Load()
+	begin(t, c, "k7", "fp", t0)
+	if cs.begins.Load() != before+1 {
+		t.Error("a replay after ForgetAll did not ask the store")
+	}
+	begin(t, c, "k7", "fp", t0) // cached again
+	if cs.begins.Load() != before+1 {
+		t.Error("the cache does not fill again after ForgetAll")
+	}
+}
