@@ -205,6 +205,25 @@ func TestBatchCluster(t *testing.T) {
 	t.Logf("%d pipelines carried %d operations", s.batches.Load(), s.batchedOps.Load())
 }
 
+// onWire waits until an operation of s is on the wire (its batcher is
+// sending).
+func onWire(t *testing.T, s *Store, within time.Duration) {
+	t.Helper()
+	end := time.Now().Add(within)
+	for {
+		s.batch.mu.Lock()
+		sending := s.batch.sending
+		s.batch.mu.Unlock()
+		if sending {
+			return
+		}
+		if time.Now().After(end) {
+			t.Fatalf("nothing on the wire after %v", within)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
 // idle fails the test unless s's batcher is at rest: once every caller
 // has returned, nobody sends, so nothing may be left marked as sending.
 func idle(t *testing.T, s *Store) {
@@ -517,28 +536,40 @@ func TestBatchPausedServer(t *testing.T) {
 			ps.signal(syscall.SIGCONT)
 		}
 	}()
+	begin := func(ctx context.Context, key string) {
+		start := time.Now()
+		_, _, err := s.Begin(ctx, key, "fp", time.Now(), time.Minute, time.Hour)
+		// A batch's sender may wait for the latest deadline in it:
+		// up to twice OpTimeout after it came, plus slack.
+		if took := time.Since(start); took > 2*opTimeout+2*time.Second {
+			t.Errorf("Begin(%s) took %v on a paused server", key, took)
+		}
+		if !errors.Is(err, idempotency.ErrUnavailable) {
+			t.Errorf("Begin(%s) on a paused server = %v; want ErrUnavailable", key, err)
+		}
+	}
 	for round := range 3 {
+		batches := s.batches.Load()
+		// The first call goes out alone and gives up at half OpTimeout, so
+		// that the calls queued behind it are still waiting then and go out
+		// as a batch. (Started together, they all ran out a moment after it
+		// and, on a loaded machine, had left the queue before it was handed
+		// on: no batch was sent.)
 		var wg sync.WaitGroup
-		for i := range 16 {
-			wg.Go(func() {
-				key := "r" + strconv.Itoa(round) + "-" + strconv.Itoa(i)
-				start := time.Now()
-				_, _, err := s.Begin(ctx, key, "fp", time.Now(), time.Minute, time.Hour)
-				// A batch's sender may wait for the latest deadline in it:
-				// up to twice OpTimeout after it came, plus slack.
-				if took := time.Since(start); took > 2*opTimeout+2*time.Second {
-					t.Errorf("Begin(%s) took %v on a paused server", key, took)
-				}
-				if !errors.Is(err, idempotency.ErrUnavailable) {
-					t.Errorf("Begin(%s) on a paused server = %v; want ErrUnavailable", key, err)
-				}
-			})
+		wg.Go(func() {
+			short, cancel := context.WithTimeout(ctx, opTimeout/2)
+			defer cancel()
+			begin(short, "r"+strconv.Itoa(round)+"-first")
+		})
+		onWire(t, s, time.Second)
+		for i := range 15 {
+			wg.Go(func() { begin(ctx, "r"+strconv.Itoa(round)+"-"+strconv.Itoa(i)) })
 		}
 		hangGuard(t, 10*time.Second, "Begins on a paused server", wg.Wait)
 		idle(t, s)
-	}
-	if s.batches.Load() == 0 {
-		t.Fatal("no batch was sent: the test proved nothing about batches")
+		if s.batches.Load() == batches {
+			t.Fatalf("round %d: no batch was sent: the test proved nothing about batches", round)
+		}
 	}
 	ps.signal(syscall.SIGCONT)
 	paused = false

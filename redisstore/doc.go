@@ -59,8 +59,10 @@
 // clock has moved on past the old token. Tokens therefore increase strictly
 // per key across takeovers, releases, deletions and expiry, as long as the
 // server's clock does not step back by more than the time since the key's
-// last claim (and, on Cluster, the clocks of a master and its replicas
-// agree). Tokens fit in 53 bits, the precision of Lua's numbers.
+// last claim, and the clocks of the servers that may come to hold the key
+// agree: a master and its replicas, and on Cluster every master, since a
+// slot can move to another. Tokens fit in 53 bits, the precision of Lua's
+// numbers.
 //
 // # Redis settings this store depends on
 //
@@ -69,10 +71,11 @@
 //     evicts them too: an evicted claim or result lets a retry run the
 //     operation a second time. With noeviction a full server refuses writes
 //     (OOM) and the store fails closed with ErrUnavailable. New reads the
-//     policy of each server (each master on Cluster) with CONFIG GET and logs
-//     a warning on any other policy, or fails with ErrInvalidConfig when
-//     Options.RequireNoEviction is set; a server where CONFIG is disabled
-//     (many managed services) only gets a warning.
+//     policy of each server (each master on Cluster, each shard on a Ring)
+//     with CONFIG GET and logs a warning on any other policy, or fails with
+//     ErrInvalidConfig when Options.RequireNoEviction is set; a server that
+//     does not answer, or where CONFIG is disabled (many managed services),
+//     only gets a warning.
 //   - Persistence. Without AOF a restart loses every record. With
 //     appendonly yes and appendfsync everysec (Redis's default) up to about a
 //     second of acknowledged claims and results is lost on a crash of the

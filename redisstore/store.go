@@ -165,10 +165,21 @@ func (s *Store) checkEviction(log *slog.Logger, require bool) error {
 		}
 		return nil
 	}
-	if cc, ok := s.c.(*redis.ClusterClient); ok {
-		return cc.ForEachMaster(ctx, func(ctx context.Context, c *redis.Client) error {
-			return check(ctx, c, c.Options().Addr)
-		})
+	each := func(ctx context.Context, c *redis.Client) error { return check(ctx, c, c.Options().Addr) }
+	switch c := s.c.(type) {
+	case *redis.ClusterClient:
+		// The masters are known once a node answers. An unreachable
+		// cluster is no error here, as an unreachable node is not: the
+		// store fails closed when used.
+		err := c.ForEachMaster(ctx, each)
+		if err != nil && !errors.Is(err, idempotency.ErrInvalidConfig) {
+			log.Warn("redisstore: could not read maxmemory-policy; make sure it is noeviction", "err", err)
+			return nil
+		}
+		return err
+	case *redis.Ring:
+		// A keyless command goes to one shard at random: ask each.
+		return c.ForEachShard(ctx, each)
 	}
 	return check(ctx, s.c, "")
 }

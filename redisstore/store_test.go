@@ -5,7 +5,6 @@ import (
 	"context"
 	"errors"
 	"log/slog"
-	"net"
 	"strconv"
 	"strings"
 	"sync"
@@ -34,13 +33,7 @@ func newStore(t testing.TB, c redis.UniversalClient, o Options) *Store {
 
 // brokenStore is a store whose server is a closed port.
 func brokenStore(t *testing.T) idempotency.Store {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := l.Addr().String()
-	l.Close()
-	c := newClient(t, &redis.Options{Addr: addr, MaxRetries: -1})
+	c := newClient(t, &redis.Options{Addr: closedAddr(t), MaxRetries: -1})
 	s, err := New(c, &Options{Clock: CallerClock, OpTimeout: time.Second, Logger: discard()})
 	if err != nil {
 		t.Fatalf("New on a closed port: %v (an unreachable server must not fail New)", err)
