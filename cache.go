@@ -39,6 +39,11 @@ type CacheOptions struct {
 // record it holds is one the store said was finished with the same
 // fingerprint.
 //
+// A store that announces deletions keeps caches coherent across processes:
+// run redisstore's WatchDeletes with Forget and ForgetAll, and a deletion
+// made anywhere is forgotten here within milliseconds; the TTL then only
+// bounds what a broken feed costs.
+//
 // Use it when replays are frequent (clients that retry hard, at-least-once
 // consumers) and the shared store is the bottleneck. Do not use it in
 // front of a MemoryStore, which is already in memory and which the Guard

@@ -9,8 +9,10 @@
 // hash tags. Every operation is one round trip: Begin, Complete, Extend,
 // Release and Get are Lua scripts run with EVALSHA (go-redis's Script.Run
 // falls back to EVAL, which loads the script, on NOSCRIPT), and Delete is one
-// HDEL. A new request therefore costs two round trips (Begin, Complete) and
-// a replay one.
+// HDEL, followed by a PUBLISH of the key on the channel Prefix+"deleted"
+// for the replay caches of other processes (Store.WatchDeletes feeds an
+// idempotency.ReplayCache). A new request therefore costs two round trips
+// (Begin, Complete) and a replay one.
 //
 // Under load, round trips are shared: operations that arrive while another
 // is on the wire wait for it and then go out together, as one pipeline, so

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"strconv"
 	"strings"
 	"sync"
@@ -514,7 +515,86 @@ func (s *Store) Delete(ctx context.Context, key string) error {
 	if err != nil {
 		return unavailable("delete", err)
 	}
+	// Announced for the replay caches of other processes (WatchDeletes).
+	// The record is gone either way: a lost announcement only leaves
+	// those caches to their TTL.
+	_ = s.c.Publish(ctx, s.deletesChannel(), key).Err()
 	return nil
+}
+
+// deletesChannel is the pub/sub channel on which Delete announces the keys
+// it deleted.
+func (s *Store) deletesChannel() string { return s.prefix + "deleted" }
+
+// watchPing is how long WatchDeletes waits in silence before it pings the
+// server; a ping not answered within as long again ends the subscription.
+// watchRetry is the pause before subscribing again.
+const (
+	watchPing  = 15 * time.Second
+	watchRetry = time.Second
+)
+
+// WatchDeletes calls forget with each key deleted through a Store of the
+// same prefix, in any process, until ctx ends; it then returns ctx.Err().
+// It is the feed that keeps an idempotency.ReplayCache in front of this
+// store coherent across a fleet:
+//
+//	go store.WatchDeletes(ctx, cache.Forget, cache.ForgetAll)
+//
+// Deletions are announced by Redis pub/sub, which does not keep messages
+// for a subscriber that is away. So reset is called each time the
+// subscription is made (the first time and after every reconnection): a
+// cache must then drop what it holds, since it may have missed deletions.
+// While the subscription is down (a broken connection is noticed at once,
+// a silent one within 2 × 15 s) deletions are seen only when the cache's
+// TTL runs out, which stays the bound on staleness. forget and reset run
+// on WatchDeletes's goroutine, one at a time.
+//
+// WatchDeletes holds one connection of its own (a pub/sub subscription);
+// on a Cluster, PUBLISH reaches every node, so any one will do.
+func (s *Store) WatchDeletes(ctx context.Context, forget func(key string), reset func()) error {
+	for {
+		_ = s.watchOnce(ctx, forget, reset)
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(watchRetry):
+		}
+	}
+}
+
+// watchOnce runs one subscription until it fails or ctx ends.
+func (s *Store) watchOnce(ctx context.Context, forget func(string), reset func()) error {
+	sub := s.c.Subscribe(ctx, s.deletesChannel())
+	defer sub.Close()
+	// go-redis bounds a receive by deadlines, not by ctx: closing the
+	// subscription is what ends a receive under way.
+	stop := context.AfterFunc(ctx, func() { _ = sub.Close() })
+	defer stop()
+	pinged := false
+	for {
+		msg, err := sub.ReceiveTimeout(ctx, watchPing)
+		if err != nil {
+			var ne net.Error
+			if errors.As(err, &ne) && ne.Timeout() && !pinged && ctx.Err() == nil {
+				pinged = true
+				if err := sub.Ping(ctx); err != nil {
+					return err
+				}
+				continue
+			}
+			return err
+		}
+		pinged = false
+		switch m := msg.(type) {
+		case *redis.Subscription:
+			if m.Kind == "subscribe" {
+				reset()
+			}
+		case *redis.Message:
+			forget(m.Payload)
+		}
+	}
 }
 
 // Key returns the Redis key that holds key's record, for operators.

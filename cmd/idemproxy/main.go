@@ -138,8 +138,13 @@ func serve(ctx context.Context, cfg *config, log *slog.Logger) error {
 		}
 		m.watchCache(cache)
 		// The admin API deletes through the cache, which forgets the key
-		// at once; other instances' caches forget it within the TTL.
+		// at once; other instances' caches forget it when the store
+		// announces the deletion (Redis), or within the TTL.
 		guarded = cache
+		if w, ok := store.(deleteWatcher); ok {
+			// Stopped before the store is closed (defers run last first).
+			defer watchDeletes(w, cache, log)()
+		}
 	}
 	guard, err := idempotency.NewGuard(guarded, &idempotency.Options{
 		Lease: cfg.lease, Retention: cfg.retention, OnRenew: m.onRenew,
