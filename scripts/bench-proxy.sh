@@ -3,8 +3,10 @@
 # httputil.ReverseProxy in front of the same upstream, in the same run.
 #
 # STOREs are any of memory, bolt, redis (default: all three; redis is a
-# private redis-server on a free port, no persistence), and bolt-cache or
-# redis-cache: the same store behind idemproxy's -replay-cache 1s. For each store and
+# private redis-server on a free port, no persistence), each with
+# idemproxy's defaults (-replay-cache auto: a replay cache on Redis only),
+# and with a suffix: bolt-cache, redis-cache (-replay-cache 1s) or
+# redis-nocache (-replay-cache 0). For each store and
 # each workload the plain proxy and idemproxy are measured in alternating
 # runs (plain, idemproxy, plain, idemproxy, ...) and the ratio of their mean
 # requests/s is printed, with each proxy's CPU time per request (from
@@ -110,7 +112,10 @@ summary=()
 for store in "${stores[@]}"; do
 	extra=()
 	base=$store
-	if [[ $store == *-cache ]]; then
+	if [[ $store == *-nocache ]]; then
+		base=${store%-nocache}
+		extra=(-replay-cache 0)
+	elif [[ $store == *-cache ]]; then
 		base=${store%-cache}
 		extra=(-replay-cache 1s)
 	fi
@@ -130,7 +135,7 @@ for store in "${stores[@]}"; do
 		url="redis://127.0.0.1:$redis_port/0?prefix=bench:"
 		;;
 	*)
-		echo "bench-proxy: unknown store $store (memory, bolt, redis, bolt-cache, redis-cache)" >&2
+		echo "bench-proxy: unknown store $store (memory, bolt, redis, with -cache or -nocache)" >&2
 		exit 2
 		;;
 	esac

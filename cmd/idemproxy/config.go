@@ -36,10 +36,51 @@ type config struct {
 	// upstreamTimeout bounds one upstream exchange (0: none).
 	upstreamTimeout time.Duration
 	// replayCache is how long a finished record is replayed from memory
-	// before the store is asked again (0: no cache); replayCacheSize
-	// bounds the cache's memory.
-	replayCache     time.Duration
+	// before the store is asked again (0: no cache; auto: see
+	// cacheTTL); replayCacheSize bounds the cache's memory.
+	replayCache     cacheTTL
 	replayCacheSize int64
+}
+
+// cacheTTL is the -replay-cache flag: a duration, or auto.
+type cacheTTL struct {
+	ttl  time.Duration
+	auto bool // on, for autoCacheTTL, with a store that announces deletions
+}
+
+// autoCacheTTL is the replay cache's TTL under -replay-cache auto: it only
+// bounds what a broken deletion feed costs.
+const autoCacheTTL = time.Second
+
+func (c *cacheTTL) String() string {
+	if c.auto {
+		return "auto"
+	}
+	return c.ttl.String()
+}
+
+func (c *cacheTTL) Set(s string) error {
+	if s == "auto" {
+		*c = cacheTTL{auto: true}
+		return nil
+	}
+	d, err := time.ParseDuration(s)
+	if err != nil {
+		return errors.New("want a duration (0: off) or auto")
+	}
+	*c = cacheTTL{ttl: d}
+	return nil
+}
+
+// for reports the TTL to use in front of store (0: no cache).
+func (c cacheTTL) forStore(announces bool) time.Duration {
+	if c.auto {
+		if announces {
+			return autoCacheTTL
+		}
+		return 0
+	}
+	return c.ttl
 }
 
 // minReplayCacheSize is the smallest budget the replay cache accepts.
@@ -82,7 +123,8 @@ IDEMPROXY_UPSTREAM_TIMEOUT, ...); a flag on the command line wins.
 	fs.StringVar(&c.logFormat, "log-format", "text", "log format: text or json")
 	fs.StringVar(&logLevel, "log-level", "info", "log level: debug, info, warn, error")
 	fs.DurationVar(&c.upstreamTimeout, "upstream-timeout", time.Minute, "longest wait for the upstream's response; past it: 504 and the claim is kept until its lease ends (0: no limit)")
-	fs.DurationVar(&c.replayCache, "replay-cache", 0, "replay finished keys from this process's memory for up to this long before asking the store again; a key deleted through another instance may replay here that long (0: off; not used with the memory store)")
+	c.replayCache = cacheTTL{auto: true}
+	fs.Var(&c.replayCache, "replay-cache", "replay finished keys from this process's memory for up to this long before asking the store again; a key deleted through another instance, where the store does not announce deletions, may replay here that long (0: off; auto: 1s on Redis, which announces deletions, off elsewhere; never with the memory store)")
 	fs.Int64Var(&c.replayCacheSize, "replay-cache-size", 64<<20, "most bytes the replay cache holds (keys, fingerprints, bodies, headers)")
 	fs.DurationVar(&c.shutdown, "shutdown-timeout", 30*time.Second, "on SIGTERM, how long in-flight requests may take to finish")
 
@@ -175,9 +217,9 @@ IDEMPROXY_UPSTREAM_TIMEOUT, ...); a flag on the command line wins.
 		return nil, bad("shutdown-timeout", "must not be negative")
 	case c.wait < 0:
 		return nil, bad("wait", "must not be negative")
-	case c.replayCache < 0:
+	case c.replayCache.ttl < 0:
 		return nil, bad("replay-cache", "must not be negative")
-	case c.replayCache > 0 && c.replayCacheSize < minReplayCacheSize:
+	case (c.replayCache.ttl > 0 || c.replayCache.auto) && c.replayCacheSize < minReplayCacheSize:
 		return nil, bad("replay-cache-size", "must be at least %d bytes", minReplayCacheSize)
 	case c.logFormat != "text" && c.logFormat != "json":
 		return nil, bad("log-format", "want text or json")

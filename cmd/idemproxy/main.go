@@ -130,9 +130,10 @@ func serve(ctx context.Context, cfg *config, log *slog.Logger) error {
 	}
 	m := newMetrics()
 	var guarded idempotency.Store = timedStore{Store: store, m: m}
-	if _, inMemory := store.(*idempotency.MemoryStore); cfg.replayCache > 0 && !inMemory {
+	watcher, announces := store.(deleteWatcher)
+	if _, inMemory := store.(*idempotency.MemoryStore); cfg.replayCache.forStore(announces) > 0 && !inMemory {
 		cache, err := idempotency.NewReplayCache(guarded, &idempotency.CacheOptions{
-			TTL: cfg.replayCache, MaxBytes: cfg.replayCacheSize})
+			TTL: cfg.replayCache.forStore(announces), MaxBytes: cfg.replayCacheSize})
 		if err != nil {
 			return fmt.Errorf("%w: %w", errUsage, err)
 		}
@@ -141,9 +142,9 @@ func serve(ctx context.Context, cfg *config, log *slog.Logger) error {
 		// at once; other instances' caches forget it when the store
 		// announces the deletion (Redis), or within the TTL.
 		guarded = cache
-		if w, ok := store.(deleteWatcher); ok {
+		if announces {
 			// Stopped before the store is closed (defers run last first).
-			defer watchDeletes(w, cache, log)()
+			defer watchDeletes(watcher, cache, log)()
 		}
 	}
 	guard, err := idempotency.NewGuard(guarded, &idempotency.Options{

@@ -2,6 +2,7 @@ package main
 
 import (
 	"net/http"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -72,6 +73,8 @@ func TestReplayCacheFlags(t *testing.T) {
 	for _, args := range [][]string{
 		{"-replay-cache", "-1s"},
 		{"-replay-cache", "1s", "-replay-cache-size", "1000"},
+		{"-replay-cache-size", "1000"}, // auto, the default
+		{"-replay-cache", "sometimes"},
 	} {
 		var out syncBuffer
 		_, err := parseConfig(append([]string{"-upstream", "http://127.0.0.1:1"}, args...), noEnv, &out)
@@ -113,5 +116,33 @@ func TestReplayCacheAdminDeleteOfKeyDeletedElsewhere(t *testing.T) {
 	if r.header.Get("Idempotent-Replayed") != "" || up.ran("k1") != 2 {
 		t.Fatalf("a after the operator deleted the key through it: %q (replayed %q), %d runs; want a second run",
 			r.body, r.header.Get("Idempotent-Replayed"), up.ran("k1"))
+	}
+}
+
+// TestReplayCacheAuto: by default (-replay-cache auto) the cache is on
+// where the store announces deletions (Redis), off elsewhere; 0 turns it
+// off everywhere.
+func TestReplayCacheAuto(t *testing.T) {
+	up := newUpstream(t)
+	for _, tc := range []struct {
+		name  string
+		args  []string
+		cache bool
+	}{
+		{"redis", []string{"-store", redisTestStore(t)}, true},
+		{"redis off", []string{"-store", redisTestStore(t), "-replay-cache", "0"}, false},
+		{"bolt", []string{"-store", "bolt:" + filepath.Join(t.TempDir(), "a.db")}, false},
+		{"bolt on", []string{"-store", "bolt:" + filepath.Join(t.TempDir(), "b.db"), "-replay-cache", "2s"}, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p := startInproc(t, append([]string{"-upstream", up.URL}, tc.args...)...)
+			mustPost(t, p.proxy, "/orders", "k", "x")
+			mustPost(t, p.proxy, "/orders", "k", "x")
+			mustPost(t, p.proxy, "/orders", "k", "x")
+			metrics := get(t, "http://"+p.admin+"/metrics").body
+			if got := strings.Contains(metrics, "idemproxy_replay_cache_hits_total 1"); got != tc.cache {
+				t.Errorf("replay cache used = %v, want %v", got, tc.cache)
+			}
+		})
 	}
 }
