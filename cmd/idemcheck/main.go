@@ -165,7 +165,7 @@ flags:
 		})
 	}
 	fs.Int64Var(&cfg.seed, "seed", 0, "seed of every random choice (default: time-based, printed)")
-	fs.DurationVar(&cfg.duration, "duration", 0, "how long to send load (demo default 20s, must stay under 50s)")
+	fs.DurationVar(&cfg.duration, "duration", 0, "demo: how long to send load (default 20s, must stay under 50s)")
 	fs.IntVar(&cfg.concurrency, "concurrency", 8, "demo: concurrent clients; target: concurrent duplicates per key (default 16 there)")
 	fs.BoolVar(&cfg.verbose, "v", false, "verbose: the demo server's log on stderr")
 	fs.StringVar(&cfg.store, "store", "", "store URL (memory, bolt:PATH, redis://..., redis+cluster://..., postgres://...): certify it, then run the demo on it")
@@ -220,6 +220,10 @@ flags:
 		}
 		if cfg.unsafe {
 			badf("-unsafe-demo is for the demo")
+		}
+		if set["duration"] {
+			// Silently ignored, it would promise a bound it does not set.
+			badf("-duration is for the demo; -target sends -requests keys per check, each exchange bounded by -timeout")
 		}
 		if cfg.conflictStatus != 422 && cfg.conflictStatus != 409 {
 			badf("-conflict-status %d: give 422 or 409", cfg.conflictStatus)

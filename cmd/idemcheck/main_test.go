@@ -110,6 +110,7 @@ func TestUsageErrors(t *testing.T) {
 		{"body without placeholder", []string{"-target", "http://127.0.0.1:1/", "-body", "{}"}, "-body"},
 		{"bad header", []string{"-target", "http://127.0.0.1:1/", "-header", "no colon"}, "Name: value"},
 		{"set given twice", []string{"-target", "http://127.0.0.1:1/", "-as", "a", "-as", "a"}, "twice"},
+		{"duration with target", []string{"-target", "http://127.0.0.1:1/", "-duration", "5s"}, "-duration is for the demo"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			code, out, errOut := runCmd(t, tc.args...)

@@ -96,6 +96,9 @@ func Run(ctx context.Context, cfg Config, rep *verdict.Report, progress io.Write
 		return err
 	}
 	defer c.client.CloseIdleConnections()
+	parent := ctx
+	ctx, c.abort = context.WithCancelCause(ctx)
+	defer c.abort(nil)
 	rep.Declare(Checks()...)
 	if err := c.preflight(ctx); err != nil {
 		return err
@@ -112,8 +115,8 @@ func Run(ctx context.Context, cfg Config, rep *verdict.Report, progress io.Write
 		{CheckScope, c.checkScope},
 		{fmt.Sprintf("%s, %v after the first answer", CheckRetry, c.cfg.Window), c.checkWindow},
 	} {
-		if err := ctx.Err(); err != nil {
-			return err
+		if ctx.Err() != nil {
+			return stopped(parent, ctx)
 		}
 		c.logf("checking: %s", step.name)
 		step.fn(ctx)
@@ -121,7 +124,19 @@ func Run(ctx context.Context, cfg Config, rep *verdict.Report, progress io.Write
 	c.finishMarked()
 	c.finishRetry()
 	c.finishVisible()
-	return ctx.Err()
+	return stopped(parent, ctx)
+}
+
+// stopped is why ctx, derived from parent, ended: the parent's error, else
+// the cause checker.abort gave (nil while ctx lives).
+func stopped(parent, ctx context.Context) error {
+	if err := parent.Err(); err != nil {
+		return err
+	}
+	if ctx.Err() != nil {
+		return context.Cause(ctx)
+	}
+	return nil
 }
 
 // checker is one run.
@@ -133,10 +148,24 @@ type checker struct {
 	progress io.Writer
 	runID    string
 
+	// abort ends the run with its cause (a target that stopped answering).
+	abort context.CancelCauseFunc
+
 	mu  sync.Mutex
 	rng *mrand.Rand
 	seq int
 
+	// silentSince is when the first exchange failed since the target last
+	// answered anything (zero: it answered the latest).
+	silentSince time.Time
+	// stuck: a key stayed 409 for the whole of a settle's wait; later
+	// settles do not wait (see settle).
+	stuck bool
+
+	// probed: the preflight's two fresh requests both succeeded, so that
+	// identifies was found out (else it is taken to be true, and the
+	// checks compare answers, since nothing says they cannot).
+	probed bool
 	// identifies: two executions of one body give different answers,
 	// the keys they echo aside.
 	identifies bool
@@ -195,7 +224,7 @@ func newChecker(cfg Config, rep *verdict.Report, progress io.Writer) (*checker, 
 		return nil, err
 	}
 	c := &checker{
-		cfg: cfg, target: u, rep: rep, progress: progress, runID: hex.EncodeToString(id[:]),
+		cfg: cfg, target: u, rep: rep, progress: progress, runID: hex.EncodeToString(id[:]), abort: func(error) {},
 		rng: mrand.New(mrand.NewPCG(uint64(cfg.Seed), 0x69646d636865636b)),
 		client: &http.Client{
 			Timeout: cfg.Timeout,
@@ -341,32 +370,81 @@ func (c *checker) post(ctx context.Context, hdr http.Header, req request) (reply
 	hr.Header.Set("Idempotency-Key", quoteKey(req.key))
 	resp, err := c.client.Do(hr)
 	if err != nil {
-		return reply{}, err
+		return reply{}, c.heard(err)
 	}
 	defer resp.Body.Close()
 	body, err := io.ReadAll(io.LimitReader(resp.Body, maxBody))
 	if err != nil {
-		return reply{}, fmt.Errorf("reading the response: %w", err)
+		return reply{}, c.heard(fmt.Errorf("reading the response: %w", err))
 	}
 	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, maxBody))
-	return reply{status: resp.StatusCode, header: resp.Header, body: body}, nil
+	return reply{status: resp.StatusCode, header: resp.Header, body: body}, c.heard(nil)
+}
+
+// silenceLimit is how long the target may answer nothing, every exchange
+// meanwhile failing, before the run ends (in timeouts: each of those
+// exchanges may have waited one).
+const silenceLimit = 3
+
+// heard records the outcome of an exchange with the target: nil if it
+// answered. A target that has answered nothing while exchanges kept
+// failing for silenceLimit timeouts has stopped answering: the run ends
+// (a run against it would otherwise wait a timeout for every request
+// left). It returns err.
+func (c *checker) heard(err error) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	now := time.Now()
+	switch {
+	case err == nil:
+		c.silentSince = time.Time{}
+	case c.silentSince.IsZero():
+		c.silentSince = now.Add(-c.cfg.Timeout) // the failed exchange may have waited that long
+	case now.Sub(c.silentSince) >= silenceLimit*c.cfg.Timeout:
+		c.abort(fmt.Errorf("blackbox: target %s stopped answering: nothing for %v, every request meanwhile failed (last: %w)",
+			c.target.Redacted(), now.Sub(c.silentSince).Round(time.Millisecond), err))
+	}
+	return err
 }
 
 // settle sends req, and again while the target answers 409 (in flight),
-// for up to wait. It reports whether a 409 was seen.
-func (c *checker) settle(ctx context.Context, hdr http.Header, req request, wait time.Duration) (reply, bool, error) {
-	deadline := time.Now().Add(wait)
-	saw409 := false
+// for up to Config.Timeout: a retry waits out a key in flight, as a
+// client would, since a target may answer before it stores the result (a
+// middleware that stores once the response has gone out).
+//
+// A key still 409 after that fails the check that sent it, so the run has
+// failed already; later settles send once and do not wait, so that a
+// target that answers 409 for ever holds the run for one timeout, not one
+// per key.
+func (c *checker) settle(ctx context.Context, hdr http.Header, req request) (reply, error) {
+	deadline := time.Now().Add(c.cfg.Timeout)
 	for {
 		r, err := c.post(ctx, hdr, req)
-		if err != nil || r.status != http.StatusConflict || time.Now().After(deadline) {
-			return r, saw409, err
+		if err != nil || r.status != http.StatusConflict {
+			return r, err
 		}
-		saw409 = true
+		c.mu.Lock()
+		if !c.stuck && time.Now().After(deadline) {
+			c.stuck = true
+		}
+		stuck := c.stuck
+		c.mu.Unlock()
+		if stuck {
+			return r, nil
+		}
 		if !sleep(ctx, 50*time.Millisecond) {
-			return r, saw409, ctx.Err()
+			return r, ctx.Err()
 		}
 	}
+}
+
+// inFlight explains a 409 that settle returned, for a failure's example.
+func (c *checker) inFlight(r reply) string {
+	if r.status != http.StatusConflict {
+		return ""
+	}
+	return fmt.Sprintf(" (still in flight: a retry waits out 409 for up to %v, and not at all once a key stayed 409 that long)",
+		c.cfg.Timeout)
 }
 
 func sleep(ctx context.Context, d time.Duration) bool {
@@ -441,16 +519,28 @@ func (c *checker) dial(ctx context.Context) (net.Conn, error) {
 	return conn, nil
 }
 
-// exchangeRaw writes raw on a new connection and reads the answer.
+// open dials the target for one raw exchange, bounded by Config.Timeout
+// and cut short when ctx ends. The caller calls done when finished with
+// the connection, which closes it.
+func (c *checker) open(ctx context.Context) (conn net.Conn, done func(), err error) {
+	conn, err = c.dial(ctx)
+	if err != nil {
+		return nil, nil, c.heard(err)
+	}
+	_ = conn.SetDeadline(time.Now().Add(c.cfg.Timeout))
+	stop := context.AfterFunc(ctx, func() { _ = conn.SetDeadline(time.Now()) })
+	return conn, func() { stop(); conn.Close() }, nil
+}
+
+// exchangeRaw writes raw on a new connection and reads the answer. A
+// target that leaves a malformed request unanswered has not stopped
+// answering, so only an answer counts for heard.
 func (c *checker) exchangeRaw(ctx context.Context, raw []byte) (reply, error) {
-	conn, err := c.dial(ctx)
+	conn, done, err := c.open(ctx)
 	if err != nil {
 		return reply{}, err
 	}
-	defer conn.Close()
-	_ = conn.SetDeadline(time.Now().Add(c.cfg.Timeout))
-	stop := context.AfterFunc(ctx, func() { _ = conn.SetDeadline(time.Now()) })
-	defer stop()
+	defer done()
 	if _, err := conn.Write(raw); err != nil {
 		return reply{}, err
 	}
@@ -463,40 +553,37 @@ func (c *checker) exchangeRaw(ctx context.Context, raw []byte) (reply, error) {
 	if err != nil {
 		return reply{}, fmt.Errorf("reading the response: %w", err)
 	}
-	return reply{status: resp.StatusCode, header: resp.Header, body: body}, nil
+	return reply{status: resp.StatusCode, header: resp.Header, body: body}, c.heard(nil)
 }
 
 // sendAndDrop writes raw on a new connection and closes it without reading
 // anything: the answer, if the target sends one, is lost.
 func (c *checker) sendAndDrop(ctx context.Context, raw []byte) error {
-	conn, err := c.dial(ctx)
+	conn, done, err := c.open(ctx)
 	if err != nil {
 		return err
 	}
-	_ = conn.SetDeadline(time.Now().Add(c.cfg.Timeout))
+	defer done()
 	_, err = conn.Write(raw)
-	if cerr := conn.Close(); err == nil {
-		err = cerr
-	}
 	return err
 }
 
 // sendAndCut writes raw, waits for the status line of the answer and closes
 // the connection with the rest unread. It returns the status.
 func (c *checker) sendAndCut(ctx context.Context, raw []byte) (int, error) {
-	conn, err := c.dial(ctx)
+	conn, done, err := c.open(ctx)
 	if err != nil {
 		return 0, err
 	}
-	defer conn.Close()
-	_ = conn.SetDeadline(time.Now().Add(c.cfg.Timeout))
+	defer done()
 	if _, err := conn.Write(raw); err != nil {
-		return 0, err
+		return 0, c.heard(err)
 	}
 	line, err := bufio.NewReader(conn).ReadString('\n')
 	if err != nil {
-		return 0, fmt.Errorf("reading the status line: %w", err)
+		return 0, c.heard(fmt.Errorf("reading the status line: %w", err))
 	}
+	c.heard(nil)
 	f := strings.Fields(line)
 	if len(f) < 2 {
 		return 0, fmt.Errorf("malformed status line %q", line)
@@ -511,14 +598,13 @@ func (c *checker) sendAndCut(ctx context.Context, raw []byte) (int, error) {
 // sendAndLeave writes raw, shuts the connection's sending side (to the
 // target, the client has gone) and reads whatever answer still comes.
 func (c *checker) sendAndLeave(ctx context.Context, raw []byte) (reply, error) {
-	conn, err := c.dial(ctx)
+	conn, done, err := c.open(ctx)
 	if err != nil {
 		return reply{}, err
 	}
-	defer conn.Close()
-	_ = conn.SetDeadline(time.Now().Add(c.cfg.Timeout))
+	defer done()
 	if _, err := conn.Write(raw); err != nil {
-		return reply{}, err
+		return reply{}, c.heard(err)
 	}
 	if cw, ok := conn.(interface{ CloseWrite() error }); ok {
 		if err := cw.CloseWrite(); err != nil {
@@ -536,5 +622,5 @@ func (c *checker) sendAndLeave(ctx context.Context, raw []byte) (reply, error) {
 	if err != nil {
 		return reply{}, nil
 	}
-	return reply{status: resp.StatusCode, header: resp.Header, body: body}, nil
+	return reply{status: resp.StatusCode, header: resp.Header, body: body}, c.heard(nil)
 }

@@ -93,9 +93,12 @@ func (c *checker) preflight(ctx context.Context) error {
 	ea, eb := bytes.ReplaceAll(ra.body, []byte(a.key), nil), bytes.ReplaceAll(rb.body, []byte(b.key), nil)
 	la, lb := strings.ReplaceAll(ra.field("Location"), a.key, ""), strings.ReplaceAll(rb.field("Location"), b.key, "")
 	both := ra.ok() && rb.ok()
+	c.probed = both
 	c.bodyIdentifies = !(both && bytes.Equal(ea, eb))
 	c.identifies = c.bodyIdentifies || !(both && la == lb)
-	if !c.identifies {
+	if !both {
+		c.logf("note: the target refused a fresh request; whether its answers identify executions is unknown")
+	} else if !c.identifies {
 		c.logf("note: two executions of one body answered the same bytes (the keys aside); double execution is invisible")
 	}
 	return nil
@@ -144,6 +147,11 @@ func (c *checker) finishVisible() {
 	c.mu.Lock()
 	marks := c.markedReplays > 0
 	c.mu.Unlock()
+	if !c.probed && !marks {
+		c.rep.Skip(CheckVisible, "the two fresh requests that show whether the answers identify executions did not "+
+			"both succeed (see "+strconv.Quote(CheckFresh)+"), and no replay was marked "+ReplayedHeader+": true")
+		return
+	}
 	c.rep.Check(CheckVisible, c.identifies || marks, "two executions of one body answered the same bytes (the keys aside) "+
 		"and no replay was marked %s: true, so no check of this run could see an operation run twice; "+
 		"make the answer hold something unique per execution (a created resource's id) or mark replays", ReplayedHeader)
@@ -164,16 +172,18 @@ func (c *checker) checkRetry(ctx context.Context) {
 		}
 		at := time.Now()
 		c.fresh(req, r1)
-		if r1.status >= 500 {
-			continue // not stored by design (a retry may run again); CheckFresh has it
+		if !r1.ok() {
+			// A refusal may rightly not be stored (a retry may run), and
+			// one repeated proves no replay; CheckFresh has it.
+			continue
 		}
-		r2, err := c.post(ctx, c.creds(), req)
+		r2, err := c.settle(ctx, c.creds(), req)
 		if err != nil {
 			c.rep.Fail(CheckRetry, "key %s: retry failed: %v", req.key, err)
 			continue
 		}
 		if !r2.same(r1) {
-			c.rep.Fail(CheckRetry, "key %s: first answer %s, retry %s", req.key, r1, r2)
+			c.rep.Fail(CheckRetry, "key %s: first answer %s, retry %s%s", req.key, r1, r2, c.inFlight(r2))
 			continue
 		}
 		c.heldRetry(req, r2)
@@ -188,10 +198,14 @@ func (c *checker) checkWindow(ctx context.Context) {
 		if !sleep(ctx, time.Until(k.at.Add(c.cfg.Window))) {
 			return
 		}
-		r, err := c.post(ctx, c.creds(), k.req)
 		age := time.Since(k.at).Round(time.Millisecond)
+		r, err := c.settle(ctx, c.creds(), k.req)
 		if err != nil {
 			c.rep.Fail(CheckRetry, "key %s: the retry %v after the first answer failed: %v", k.req.key, age, err)
+			continue
+		}
+		if r.status == http.StatusConflict {
+			c.rep.Fail(CheckRetry, "key %s: first answer %s, but a retry %v later %s%s", k.req.key, k.first, age, r, c.inFlight(r))
 			continue
 		}
 		if !r.same(k.first) {
@@ -293,12 +307,13 @@ func (c *checker) checkConcurrent(ctx context.Context) {
 			problems = append(problems, "none of the duplicates succeeded")
 		}
 		if len(answers) == 1 {
-			f, _, err := c.settle(ctx, c.creds(), req, c.cfg.Timeout)
+			f, err := c.settle(ctx, c.creds(), req)
 			switch {
 			case err != nil:
 				problems = append(problems, fmt.Sprintf("the retry after the burst failed: %v", err))
 			case !f.ok() || !f.same(answers[0]):
-				problems = append(problems, fmt.Sprintf("the retry after the burst answered %s, not the burst's %s", f, answers[0]))
+				problems = append(problems, fmt.Sprintf("the retry after the burst answered %s%s, not the burst's %s",
+					f, c.inFlight(f), answers[0]))
 			default:
 				c.sawReplay(req, f)
 			}
@@ -348,6 +363,15 @@ func (c *checker) checkPayload(ctx context.Context) {
 		}
 		alt := c.reshape(req)
 		r2, err := c.post(ctx, c.creds(), alt)
+		if err == nil && r2.status == http.StatusConflict && c.cfg.ConflictStatus != http.StatusConflict {
+			// Maybe in flight still (a target that stores after it
+			// answers): once the original body replays, the key is
+			// settled, and the other body's answer is the conflict's.
+			var r reply
+			if r, err = c.settle(ctx, c.creds(), req); err == nil && r.status != http.StatusConflict {
+				r2, err = c.post(ctx, c.creds(), alt)
+			}
+		}
 		if err != nil {
 			c.rep.Fail(CheckPayload, "key %s: the request with a different body failed: %v", req.key, err)
 			continue
@@ -356,13 +380,13 @@ func (c *checker) checkPayload(ctx context.Context) {
 			"key %s: a different body answered %s, want %d (first answer %s)", req.key, r2, c.cfg.ConflictStatus, r1) {
 			continue
 		}
-		r3, err := c.post(ctx, c.creds(), req)
+		r3, err := c.settle(ctx, c.creds(), req)
 		if err != nil {
 			c.rep.Fail(CheckPayload, "key %s: the original body after the conflict failed: %v", req.key, err)
 			continue
 		}
-		c.rep.Check(CheckPayload, r3.same(r1), "key %s: the original body after the conflict answered %s, not the first %s",
-			req.key, r3, r1)
+		c.rep.Check(CheckPayload, r3.same(r1), "key %s: the original body after the conflict answered %s%s, not the first %s",
+			req.key, r3, c.inFlight(r3), r1)
 	}
 }
 
@@ -464,17 +488,21 @@ func (c *checker) checkLost(ctx context.Context) {
 		if variant == cutAfterSend && !sleep(ctx, lostWait) {
 			return
 		}
-		r, _, err := c.settle(ctx, c.creds(), req, c.cfg.Timeout)
+		r, err := c.settle(ctx, c.creds(), req)
 		if err != nil {
 			c.rep.Fail(CheckLost, "key %s (%s): the retry failed: %v", req.key, lostNames[variant], err)
 			continue
 		}
 		if r.status == http.StatusConflict {
-			c.rep.Fail(CheckLost, "key %s (%s): the retry was still answered 409 after %v: %s",
-				req.key, lostNames[variant], c.cfg.Timeout, r)
+			c.rep.Fail(CheckLost, "key %s (%s): the retry was answered %s%s",
+				req.key, lostNames[variant], r, c.inFlight(r))
 			continue
 		}
-		ran := first.status != 0 && first.status < 500 // the lost request ran, and its answer is stored by design
+		// The lost request ran, and its answer is stored by design. Other
+		// answers do not show that it ran: a target may refuse a client
+		// that is gone (499, 408) or turn it away (429), and then rightly
+		// run the retry.
+		ran := first.ok()
 		switch {
 		case variant == leftWhileRunning && ran && c.identifies:
 			c.rep.Check(CheckLost, r.same(first), "key %s (%s): the target answered %s to the request, "+
@@ -544,12 +572,27 @@ func (c *checker) checkScope(ctx context.Context) {
 		case !b.ok():
 			problems = append(problems, fmt.Sprintf("the second caller's first request answered %s, want 2xx: the key is shared", b))
 		}
-		a2, err := c.post(ctx, h0, req)
+		a2, err := c.settle(ctx, h0, req)
 		switch {
 		case err != nil:
 			problems = append(problems, fmt.Sprintf("the first caller's retry failed: %v", err))
 		case !a2.same(a):
-			problems = append(problems, fmt.Sprintf("the first caller's retry answered %s, not its own %s", a2, a))
+			problems = append(problems, fmt.Sprintf("the first caller's retry answered %s%s, not its own %s", a2, c.inFlight(a2), a))
+		}
+		if len(problems) == 0 {
+			// The second caller's own result must replay to it, not the
+			// first caller's (a target may claim per caller but keep
+			// results per key).
+			b2, err := c.settle(ctx, h1, req)
+			switch {
+			case err != nil:
+				problems = append(problems, fmt.Sprintf("the second caller's retry failed: %v", err))
+			case c.sameResult(a, b2):
+				problems = append(problems, fmt.Sprintf("the second caller's retry got the first caller's result %s "+
+					"(its own first answer %s)", b2, b))
+			case !b2.same(b):
+				problems = append(problems, fmt.Sprintf("the second caller's retry answered %s%s, not its own %s", b2, c.inFlight(b2), b))
+			}
 		}
 		if len(problems) == 0 {
 			c.rep.Pass(CheckScope)

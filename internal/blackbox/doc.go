@@ -9,12 +9,17 @@
 //
 //   - CheckFresh: a fresh key with a valid body gets a 2xx. Not a property of
 //     idempotency, but without it the others cannot be judged.
-//   - CheckRetry: the same key and body sent again, after the first answer
-//     arrived, gets the same answer: status, body, media type and Location.
+//   - CheckRetry: the same key and body sent again, after a 2xx first
+//     answer arrived, gets the same answer: status, body, media type and
+//     Location. (A refusal repeated proves no replay, and may rightly not
+//     be stored; CheckFresh has it.)
 //     Each key is sent once more at the end of the run, Config.Window
-//     after its first answer, and must still get it. Where the target's
-//     answers do not identify executions (below), only a retry marked as a
-//     replay counts; with none, the check is skipped with the reason.
+//     after its first answer, and must still get it. A 409 (in flight) to
+//     a retry is waited out, as a client would (a target may answer before
+//     it stores the result; see "Waiting, and how long a run lasts").
+//     Where the target's answers do not identify executions (below), only
+//     a retry marked as a replay counts; with none, the check is skipped
+//     with the reason.
 //   - CheckMarked: replays carry Idempotent-Replayed: true and first answers
 //     do not. The draft does not require the header, so a target that never
 //     sends it gets a skip with the reason, not a failure; one that sends it
@@ -40,11 +45,15 @@
 //     leave while it runs, with the answer read all the same for comparison.
 //   - CheckScope: the same key under Config.Headers[0] and [1] (two
 //     credential sets) runs twice, independently: neither gets the other's
-//     body, under any status. Skipped with one credential set.
+//     body, under any status, and each caller's retry replays its own
+//     answer (a target may claim keys per caller but keep results per
+//     key). Skipped with one credential set.
 //   - CheckVisible: the target's answers identify executions, or it marks
 //     its replays. Without either, no check could have seen an operation
 //     run twice (a target that runs every request would pass them all), so
-//     the run fails here rather than pass on skips.
+//     the run fails here rather than pass on skips. Skipped when the two
+//     fresh requests that find it out were not both answered 2xx (so
+//     CheckFresh failed) and no replay was marked.
 //
 // # What a black box can see
 //
@@ -59,14 +68,28 @@
 // and CheckRetry counts only marked replays. A server that runs a request
 // twice and answers the same bytes both times cannot be caught this way;
 // nor can one that runs a duplicate and then answers it 409 (a claim
-// stored after the side effect, refused as a duplicate).
+// stored after the side effect, refused as a duplicate), or with the
+// first stored result marked as a replay.
+//
+// Only the key itself is taken out of the answers before they are
+// compared. An answer derived from the key in another way (a digest of
+// it, a UUIDv5, a resource named after it in another encoding) differs
+// from key to key as a unique id would, and is taken for one: a target
+// that derives its ids from the key, claims nothing and marks no replays
+// runs concurrent duplicates and retries unseen, and passes every check,
+// CheckVisible included. Nothing outside the target can tell its answers
+// from those of a correct one; only its own records can (as the demo's
+// ledger does).
 //
 // A lost response is never seen by the client it was meant for, so the
 // retry after it is judged by what can be known. After a half-close the
-// answer the target gave is read anyway and the retry must equal it. After
-// a status line the request is known to have run, so the retry must be
-// marked Idempotent-Replayed if CheckRetry showed that the target marks its
-// replays. After a close right after sending, the target may rightly not
+// answer the target gave is read anyway and, if it is a 2xx, the retry
+// must equal it. After a 2xx status line the request is known to have
+// run, so the retry must be marked Idempotent-Replayed if CheckRetry
+// showed that the target marks its replays. Other answers do not show
+// that the request ran (a target may refuse a client that has gone, with
+// 499 or 408, or turn it away with 429), so the retry may rightly run
+// it. After a close right after sending, the target may rightly not
 // run the request at all (it may see the client gone first, as idemhttp
 // does when its store refuses a cancelled request), so an unmarked retry
 // proves nothing, even after a 409: the lost request held the key, but it
@@ -79,7 +102,25 @@
 // (the order of the malformed keys, the values' random part), so a run is
 // repeatable apart from the run id.
 //
+// # Waiting, and how long a run lasts
+//
+// A retry answered 409 (in flight) is sent again every 50ms for up to
+// Config.Timeout, and judged by the first other answer. A key still 409
+// after that fails the check that sent it; since the run has then failed,
+// later retries are not waited out, so that a target that answers 409 for
+// ever holds the run for one timeout, not one per key.
+//
+// A run is bounded by its Config: it takes each of the Config.Requests keys
+// of a check through a fixed number of exchanges (about twelve in all, in
+// sequence, beside the Config.Concurrency duplicates sent at once), each
+// bounded by Config.Timeout, and each retry answered 409 waits at most
+// Config.Timeout more; the last retries come at most Config.Window after
+// the first answers. Against a prompt target that is a few seconds plus
+// Config.Window. A target that stops answering ends the run sooner: once
+// every exchange has failed, with no answer between, for three timeouts,
+// Run stops and returns an error saying so.
+//
 // Run returns an error only when checking is impossible: an invalid Config,
-// or a target that cannot be reached at all. Everything the target does
-// wrong goes into the report.
+// a target that cannot be reached at all, or one that stopped answering.
+// Everything the target does wrong goes into the report.
 package blackbox

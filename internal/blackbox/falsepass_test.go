@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -58,6 +59,19 @@ type lenient struct {
 	// rawKey: the field's value is the key as it comes, quotes and all; no
 	// value is refused.
 	rawKey bool
+	// storeLate: the answer is sent first and the result stored this long
+	// after (as a middleware that stores when the response has finished):
+	// the key answers 409 meanwhile. Correct.
+	storeLate time.Duration
+	// resultsByKey: claims and fingerprints are per caller and key, but
+	// results are kept per key alone, the first stored winning: a second
+	// caller runs its own request, and its retries replay the first
+	// caller's result.
+	resultsByKey bool
+	// goneRefused: the operation starts after a while; a request whose
+	// client has gone by then is answered 499 (client closed request),
+	// neither run nor kept. Correct.
+	goneRefused bool
 
 	runs    atomic.Int64 // executions of the operation
 	replays atomic.Int64 // marked replays served
@@ -65,6 +79,7 @@ type lenient struct {
 	mu       sync.Mutex
 	records  map[string]*lenientRecord
 	underWay map[string]int
+	byKey    map[string][]byte // resultsByKey: the first result stored per key
 }
 
 type lenientRecord struct {
@@ -80,6 +95,7 @@ type lenientRecord struct {
 func newLenient(l *lenient) *lenient {
 	l.records = map[string]*lenientRecord{}
 	l.underWay = map[string]int{}
+	l.byKey = map[string][]byte{}
 	return l
 }
 
@@ -178,6 +194,17 @@ func (s *lenient) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	s.mu.Unlock()
 
+	if s.goneRefused {
+		time.Sleep(100 * time.Millisecond)
+		if r.Context().Err() != nil {
+			s.mu.Lock()
+			delete(s.records, id)
+			s.mu.Unlock()
+			w.WriteHeader(499)
+			_, _ = io.WriteString(w, `{"error":"client closed request"}`)
+			return
+		}
+	}
 	out := s.execute(key, body)
 	if s.goneDiscard {
 		time.Sleep(300 * time.Millisecond)
@@ -191,6 +218,12 @@ func (s *lenient) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	rec.status, rec.body = http.StatusCreated, out
 	s.mu.Lock()
 	rec.storedAt = time.Now()
+	if _, ok := s.byKey[key]; !ok && s.resultsByKey {
+		s.byKey[key] = out
+	}
+	if s.resultsByKey {
+		rec.body = s.byKey[key]
+	}
 	if s.validateOnly {
 		rec.body = nil // the fingerprint only
 		if _, ok := s.records[id]; !ok {
@@ -203,7 +236,11 @@ func (s *lenient) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	s.mu.Unlock()
-	close(rec.done)
+	if s.storeLate > 0 {
+		time.AfterFunc(s.storeLate, func() { close(rec.done) })
+	} else {
+		close(rec.done)
+	}
 	w.Header().Set("Content-Type", "application/json")
 	w.Header().Set("Location", rec.location)
 	w.WriteHeader(http.StatusCreated)
@@ -211,6 +248,16 @@ func (s *lenient) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *lenient) answer(w http.ResponseWriter, rec *lenientRecord, fp [32]byte, caller string) {
+	if s.storeLate > 0 {
+		select {
+		case <-rec.done:
+		default:
+			// Nothing is known of the key but that it is in flight.
+			w.WriteHeader(http.StatusConflict)
+			_, _ = io.WriteString(w, `{"error":"in flight"}`)
+			return
+		}
+	}
 	if rec.fp != fp {
 		w.WriteHeader(http.StatusUnprocessableEntity)
 		_, _ = io.WriteString(w, `{"error":"key reused with another body"}`)
@@ -393,6 +440,42 @@ func TestCaught(t *testing.T) {
 			rep := run(t, cfg)
 			if !containsName(failed(rep), tc.want) {
 				t.Errorf("%q held; failed: %v", tc.want, failed(rep))
+			}
+		})
+	}
+}
+
+// A target that keeps results per key alone, though it claims per caller,
+// runs a second caller's request, then replays the first caller's result
+// to the second caller's retries.
+func TestSecondCallerRetryGetsFirstResult(t *testing.T) {
+	rep := run(t, testConfig(serve(t, newLenient(&lenient{resultsByKey: true}))))
+	if !containsName(failed(rep), CheckScope) {
+		t.Errorf("%q held for a target that replays the first caller's result to the second caller's retry; failed: %v",
+			CheckScope, failed(rep))
+	}
+}
+
+// Targets that answer every request with one status: none may pass, nor
+// may the checks that compare answers hold on refusals (a refusal repeated
+// is no replay), and the run ends without a timeout per key.
+func TestOneStatusForAll(t *testing.T) {
+	for _, status := range []int{http.StatusConflict, http.StatusServiceUnavailable, http.StatusInternalServerError,
+		http.StatusTooManyRequests} {
+		t.Run(strconv.Itoa(status), func(t *testing.T) {
+			cfg := testConfig(serve(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				_, _ = io.Copy(io.Discard, r.Body)
+				w.WriteHeader(status)
+			})))
+			cfg.Timeout = 300 * time.Millisecond
+			rep := run(t, cfg)
+			if !containsName(failed(rep), CheckFresh) || rep.OK() {
+				t.Errorf("a target answering %d to everything: failed %v", status, failed(rep))
+			}
+			for _, c := range rep.Checks() {
+				if c.OK() && (c.Name == CheckRetry || c.Name == CheckVisible) {
+					t.Errorf("%q held (%d) for a target answering %d to everything", c.Name, c.Passed, status)
+				}
 			}
 		})
 	}
