@@ -93,18 +93,6 @@ func TestRecreatedStreamIsProcessed(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	fetch := func(cons jetstream.Consumer) jetstream.Msg {
-		t.Helper()
-		batch, err := cons.Fetch(1, jetstream.FetchMaxWait(5*time.Second))
-		if err != nil {
-			t.Fatal(err)
-		}
-		for m := range batch.Messages() {
-			return m
-		}
-		t.Fatalf("no message: %v", batch.Error())
-		return nil
-	}
 	consumer := func() jetstream.Consumer {
 		t.Helper()
 		cons, err := js.CreateOrUpdateConsumer(ctx, name, jetstream.ConsumerConfig{
@@ -126,7 +114,7 @@ func TestRecreatedStreamIsProcessed(t *testing.T) {
 	if _, err := js.Publish(ctx, subject, []byte("old stream, message 1")); err != nil {
 		t.Fatal(err)
 	}
-	handle(fetch(consumer()), idempotency.Executed)
+	handle(fetchOne(t, consumer()), idempotency.Executed)
 
 	if err := js.DeleteStream(ctx, name); err != nil {
 		t.Fatal(err)
@@ -140,8 +128,8 @@ func TestRecreatedStreamIsProcessed(t *testing.T) {
 		t.Fatal(err)
 	}
 	cons := consumer()
-	lost := fetch(cons) // its ack is lost: the consumer died before sending it
-	again := fetch(cons)
+	lost := fetchOne(t, cons) // its ack is lost: the consumer died before sending it
+	again := fetchOne(t, cons)
 	if md, _ := again.Metadata(); md == nil || md.NumDelivered != 2 {
 		t.Fatalf("second fetch is not a redelivery: %+v", md)
 	}
