@@ -6,12 +6,12 @@
 // # Layout and round trips
 //
 // Each key's record is one Redis hash at Prefix+key, so Cluster needs no
-// hash tags. Every operation is one round trip: Begin, Complete, Extend,
-// Release and Get are Lua scripts run with EVALSHA (go-redis's Script.Run
-// falls back to EVAL, which loads the script, on NOSCRIPT), and Delete is one
-// HDEL, followed by a PUBLISH of the key on the channel Prefix+"deleted"
-// for the replay caches of other processes (Store.WatchDeletes feeds an
-// idempotency.ReplayCache). A new request therefore costs two round trips
+// hash tags. Every operation but Delete is one round trip: Begin, Complete,
+// Extend, Release and Get are Lua scripts run with EVALSHA (go-redis's
+// Script.Run falls back to EVAL, which loads the script, on NOSCRIPT), and
+// Delete is one HDEL, followed by a PUBLISH of the key on the channel
+// Prefix+"deleted" for the replay caches of other processes
+// (Store.WatchDeletes feeds an idempotency.ReplayCache). A new request therefore costs two round trips
 // (Begin, Complete) and a replay one.
 //
 // Under load, round trips are shared: operations that arrive while another
@@ -83,6 +83,12 @@
 //     second of acknowledged claims and results is lost on a crash of the
 //     server's host; with appendfsync always none is, at the cost of an fsync
 //     per write. A lost claim or result means a retry runs again.
+//   - ACLs. Besides its keys (~Prefix*) and the commands above, the user
+//     needs the channel Prefix+"deleted" (&idem:deleted) for PUBLISH and,
+//     where WatchDeletes runs, SUBSCRIBE. Redis 7 users start without
+//     channels (acl-pubsub-default resetchannels). Without it Delete still
+//     deletes, and the announcement is lost without a word; WatchDeletes
+//     reports NOPERM, and the replay caches fall back on their TTL.
 //   - Replication is asynchronous. A failover (Sentinel or Cluster) can
 //     promote a replica that has not yet received the latest acknowledged
 //     claims and results, so a retry may run the operation a second time.
@@ -117,5 +123,7 @@
 // deadline, so a call already on the wire to a server that does not answer
 // returns at its deadline (OpTimeout at the latest, or ctx's own deadline
 // if earlier), not at the cancellation. Give ctx a deadline where that
-// matters.
+// matters. Delete's announcement, once the HDEL is done, is sent even if
+// ctx is cancelled meanwhile (within the same deadline): the deletion has
+// happened, and the other processes' caches should hear of it.
 package redisstore

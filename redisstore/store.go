@@ -484,7 +484,8 @@ func (s *Store) Get(ctx context.Context, key string, now time.Time) (idempotency
 }
 
 // Delete implements idempotency.Store. Like Release it keeps the token as a
-// tombstone; the key's TTL stays.
+// tombstone; the key's TTL stays. The deletion is then announced for
+// WatchDeletes, within ctx's deadline even if ctx is cancelled meanwhile.
 func (s *Store) Delete(ctx context.Context, key string) error {
 	if err := ctx.Err(); err != nil {
 		return fmt.Errorf("redisstore: delete: %w", err)
@@ -506,20 +507,31 @@ func (s *Store) Delete(ctx context.Context, key string) error {
 		_ = s.c.Process(ctx, onceCmd{cmd})
 		return nil, cmd.Err()
 	}
-	var err error
-	if s.ctxHonored {
-		_, err = hdel(ctx)
-	} else {
-		_, err = s.detached(ctx, hdel)
-	}
-	if err != nil {
+	if _, err := s.bounded(ctx, hdel); err != nil {
 		return unavailable("delete", err)
 	}
 	// Announced for the replay caches of other processes (WatchDeletes).
 	// The record is gone either way: a lost announcement only leaves
-	// those caches to their TTL.
-	_ = s.c.Publish(ctx, s.deletesChannel(), key).Err()
+	// those caches to their TTL. A caller that stops waiting now does not
+	// take the announcement with it; the deadline still bounds it, and
+	// without ContextTimeoutEnabled it is waited for apart, as the HDEL is
+	// (it may go to another node: Cluster and Ring route it by channel).
+	dl, _ := ctx.Deadline()
+	pctx, pcancel := context.WithDeadline(context.WithoutCancel(ctx), dl)
+	defer pcancel()
+	_, _ = s.bounded(pctx, func(ctx context.Context) (any, error) {
+		return nil, s.c.Publish(ctx, s.deletesChannel(), key).Err()
+	})
 	return nil
+}
+
+// bounded runs f, returning by ctx's deadline: on the caller's goroutine
+// when the client bounds its I/O by ctx, apart otherwise (detached).
+func (s *Store) bounded(ctx context.Context, f func(context.Context) (any, error)) (any, error) {
+	if s.ctxHonored {
+		return f(ctx)
+	}
+	return s.detached(ctx, f)
 }
 
 // deletesChannel is the pub/sub channel on which Delete announces the keys
@@ -528,8 +540,8 @@ func (s *Store) deletesChannel() string { return s.prefix + "deleted" }
 
 // watchPing is how long WatchDeletes waits in silence before it pings the
 // server; a ping not answered within as long again ends the subscription.
-// watchRetry is the pause before subscribing again.
-const (
+// watchRetry is the pause before subscribing again. Variables for tests.
+var (
 	watchPing  = 15 * time.Second
 	watchRetry = time.Second
 )
@@ -539,22 +551,48 @@ const (
 // It is the feed that keeps an idempotency.ReplayCache in front of this
 // store coherent across a fleet:
 //
-//	go store.WatchDeletes(ctx, cache.Forget, cache.ForgetAll)
+//	go store.WatchDeletes(ctx, cache.Forget, cache.ForgetAll, func(err error) {
+//		log.Warn("deletion feed down; the cache's TTL bounds staleness", "err", err)
+//	})
 //
 // Deletions are announced by Redis pub/sub, which does not keep messages
 // for a subscriber that is away. So reset is called each time the
 // subscription is made (the first time and after every reconnection): a
 // cache must then drop what it holds, since it may have missed deletions.
-// While the subscription is down (a broken connection is noticed at once,
-// a silent one within 2 × 15 s) deletions are seen only when the cache's
-// TTL runs out, which stays the bound on staleness. forget and reset run
-// on WatchDeletes's goroutine, one at a time.
+// report, unless nil, is called with the error each time the subscription
+// is lost or cannot be made, about once a second while the server is down
+// or refuses it (an ACL user without the channel: NOPERM); it is tried
+// again until ctx ends. While it is down (a broken connection is noticed
+// at once, a silent one within 2 × 15 s) deletions are seen only when the
+// cache's TTL runs out, which stays the bound on staleness. forget, reset
+// and report run on WatchDeletes's goroutine, one at a time.
 //
 // WatchDeletes holds one connection of its own (a pub/sub subscription);
-// on a Cluster, PUBLISH reaches every node, so any one will do.
-func (s *Store) WatchDeletes(ctx context.Context, forget func(key string), reset func()) error {
+// on a Cluster, PUBLISH reaches every node, so any one will do. An ACL
+// user needs SUBSCRIBE and PUBLISH on the channel Prefix+"deleted" (for
+// example &idem:deleted); a Delete whose announcement is refused still
+// succeeds, and says nothing. When ctx ends WatchDeletes returns at once,
+// or, while it is connecting to or pinging a server that does not answer,
+// when that exchange times out: within OpTimeout with a client whose
+// ContextTimeoutEnabled is set (15 s for the connection go-redis makes
+// again by itself after a broken receive), else within the client's
+// ReadTimeout.
+func (s *Store) WatchDeletes(ctx context.Context, forget func(key string), reset func(), report func(error)) error {
 	for {
-		_ = s.watchOnce(ctx, forget, reset)
+		err := s.watchOnce(ctx, forget, reset)
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		if report != nil {
+			report(fmt.Errorf("redisstore: watch deletes: %w", err))
+		}
+		if cc, ok := s.c.(*redis.ClusterClient); ok {
+			// go-redis subscribes on the master of the channel's slot as
+			// its slot map says, and nothing else reloads that map when
+			// the node dies (PUBLISH gets no MOVED) until it is a minute
+			// old: ask for it now, in the background, for the next try.
+			cc.ReloadState(ctx)
+		}
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
@@ -563,27 +601,49 @@ func (s *Store) WatchDeletes(ctx context.Context, forget func(key string), reset
 	}
 }
 
-// watchOnce runs one subscription until it fails or ctx ends.
+// watchOnce runs one subscription until it fails or ctx ends; it never
+// returns a nil error.
 func (s *Store) watchOnce(ctx context.Context, forget func(string), reset func()) error {
-	sub := s.c.Subscribe(ctx, s.deletesChannel())
+	// Without channels, no connection is made yet: the AfterFunc below is
+	// in place before the first exchange.
+	sub := s.c.Subscribe(ctx)
 	defer sub.Close()
-	// go-redis bounds a receive by deadlines, not by ctx: closing the
-	// subscription is what ends a receive under way.
+	// go-redis bounds I/O by deadlines, not by ctx: closing the
+	// subscription is what ends a receive under way. Close waits for an
+	// exchange that holds the subscription's lock (making the connection,
+	// making it again after a failed receive, a ping), so every call gets
+	// a deadline of its own.
 	stop := context.AfterFunc(ctx, func() { _ = sub.Close() })
 	defer stop()
+	bounded := func(d time.Duration, f func(context.Context) error) error {
+		ctx, cancel := context.WithTimeout(ctx, d)
+		defer cancel()
+		return f(ctx)
+	}
+	err := bounded(s.timeout, func(ctx context.Context) error { return sub.Subscribe(ctx, s.deletesChannel()) })
+	if err != nil {
+		return err
+	}
 	pinged := false
 	for {
-		msg, err := sub.ReceiveTimeout(ctx, watchPing)
+		var msg any
+		err := bounded(watchPing, func(ctx context.Context) (err error) {
+			msg, err = sub.ReceiveTimeout(ctx, watchPing)
+			return err
+		})
 		if err != nil {
 			var ne net.Error
-			if errors.As(err, &ne) && ne.Timeout() && !pinged && ctx.Err() == nil {
-				pinged = true
-				if err := sub.Ping(ctx); err != nil {
-					return err
-				}
-				continue
+			if ctx.Err() != nil || !errors.As(err, &ne) || !ne.Timeout() {
+				return err
 			}
-			return err
+			if pinged {
+				return fmt.Errorf("no answer to a ping within %v: %w", watchPing, err)
+			}
+			pinged = true
+			if err := bounded(s.timeout, func(ctx context.Context) error { return sub.Ping(ctx) }); err != nil {
+				return err
+			}
+			continue
 		}
 		pinged = false
 		switch m := msg.(type) {

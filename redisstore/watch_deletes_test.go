@@ -3,25 +3,45 @@ package redisstore
 import (
 	"context"
 	"errors"
+	"net"
+	"strconv"
+	"strings"
+	"syscall"
 	"testing"
 	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/archlab/idempotency"
+	"github.com/archlab/idempotency/internal/testenv"
 )
 
 // watcher runs WatchDeletes on s until the test ends, reporting each
 // forgotten key and each reset on channels.
 type watcher struct {
-	forgot chan string
-	resets chan struct{}
-	done   chan error
-	cancel context.CancelFunc
+	forgot  chan string
+	resets  chan struct{}
+	reports chan error
+	done    chan error
+	cancel  context.CancelFunc
 }
 
 func watch(t *testing.T, s *Store) *watcher {
 	t.Helper()
+	w := startWatch(t, s)
+	w.wantReset(t)
+	return w
+}
+
+// startWatch is watch without waiting for the subscription.
+func startWatch(t *testing.T, s *Store) *watcher {
+	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
-	w := &watcher{forgot: make(chan string, 100), resets: make(chan struct{}, 100), done: make(chan error, 1), cancel: cancel}
+	w := &watcher{forgot: make(chan string, 100), resets: make(chan struct{}, 100), reports: make(chan error, 1000),
+		done: make(chan error, 1), cancel: cancel}
 	go func() {
-		w.done <- s.WatchDeletes(ctx, func(k string) { w.forgot <- k }, func() { w.resets <- struct{}{} })
+		w.done <- s.WatchDeletes(ctx, func(k string) { w.forgot <- k }, func() { w.resets <- struct{}{} },
+			func(err error) { w.reports <- err })
 	}()
 	t.Cleanup(func() {
 		cancel()
@@ -31,7 +51,6 @@ func watch(t *testing.T, s *Store) *watcher {
 			t.Error("WatchDeletes did not return within 5s of its context's end")
 		}
 	})
-	w.wantReset(t)
 	return w
 }
 
@@ -131,5 +150,356 @@ func TestWatchDeletesCluster(t *testing.T) {
 	for _, k := range []string{"a", "b", "c", "d", "e"} {
 		mustDelete(t, other, k)
 		w.wantForgot(t, k)
+	}
+}
+
+// setWatchTimes shortens WatchDeletes's ping interval and retry pause for
+// the test.
+func setWatchTimes(t *testing.T, ping, retry time.Duration) {
+	oldPing, oldRetry := watchPing, watchRetry
+	watchPing, watchRetry = ping, retry
+	t.Cleanup(func() { watchPing, watchRetry = oldPing, oldRetry })
+}
+
+func (w *watcher) wantReport(t *testing.T, within time.Duration) error {
+	t.Helper()
+	select {
+	case err := <-w.reports:
+		return err
+	case <-time.After(within):
+		t.Fatalf("no failure reported within %v", within)
+	}
+	return nil
+}
+
+// TestWatchDeletesPausedServer: a server that stops answering (SIGSTOP:
+// the connection stays open, as when a host or a network path dies
+// without a reset) is noticed by the ping, reported, and the subscription
+// is made again, with a reset, once the server answers.
+func TestWatchDeletesPausedServer(t *testing.T) {
+	setWatchTimes(t, 100*time.Millisecond, 50*time.Millisecond)
+	ps := startPrivateServer(t)
+	s := newStore(t, ps.client(t), Options{OpTimeout: 300 * time.Millisecond})
+	w := watch(t, s)
+	ps.signal(syscall.SIGSTOP)
+	err := w.wantReport(t, 5*time.Second)
+	var ne net.Error
+	if !errors.As(err, &ne) || !ne.Timeout() {
+		t.Errorf("reported %v, want a timeout", err)
+	}
+	ps.signal(syscall.SIGCONT)
+	w.wantReset(t)
+	mustDelete(t, s, "after")
+	w.wantForgot(t, "after")
+}
+
+// TestWatchDeletesQuietServer: a server that answers the pings keeps the
+// subscription however long no deletion comes (a pong is an answer, in
+// RESP2 and RESP3): no report, and no reset, which would empty the cache.
+func TestWatchDeletesQuietServer(t *testing.T) {
+	setWatchTimes(t, 20*time.Millisecond, 10*time.Millisecond)
+	for _, proto := range []int{2, 3} {
+		t.Run("RESP"+strconv.Itoa(proto), func(t *testing.T) {
+			o, err := redis.ParseURL(testenv.RedisURL(t))
+			if err != nil {
+				t.Fatal(err)
+			}
+			o.Protocol = proto
+			s := newStore(t, newClient(t, o), Options{})
+			w := watch(t, s)
+			time.Sleep(20 * watchPing)
+			select {
+			case err := <-w.reports:
+				t.Fatalf("a quiet subscription failed: %v", err)
+			case <-w.resets:
+				t.Fatal("a quiet subscription was made again")
+			default:
+			}
+			mustDelete(t, s, "k")
+			w.wantForgot(t, "k")
+		})
+	}
+}
+
+// TestWatchDeletesEndsWithContextWhileServerPaused: cancelled while it
+// connects to a server that accepts connections and never answers,
+// WatchDeletes returns within OpTimeout, not the client's ReadTimeout
+// (which may be long or none: the watcher's stop then held up idemproxy's
+// shutdown).
+func TestWatchDeletesEndsWithContextWhileServerPaused(t *testing.T) {
+	setWatchTimes(t, 100*time.Millisecond, 10*time.Millisecond)
+	ps := startPrivateServer(t)
+	c := newClient(t, &redis.Options{Addr: ps.addr(), ReadTimeout: 30 * time.Second, MaxRetries: -1})
+	s := newStore(t, c, Options{OpTimeout: 200 * time.Millisecond})
+	w := watch(t, s)
+	ps.signal(syscall.SIGSTOP)
+	t.Cleanup(func() { ps.signal(syscall.SIGCONT) })
+	w.wantReport(t, 5*time.Second) // the ping went unanswered
+	// watchRetry later it connects again, and the server accepts the
+	// connection but answers nothing.
+	time.Sleep(100 * time.Millisecond)
+	start := time.Now()
+	w.cancel()
+	select {
+	case err := <-w.done:
+		if !errors.Is(err, context.Canceled) {
+			t.Errorf("WatchDeletes = %v, want context.Canceled", err)
+		}
+		w.done <- err
+	case <-time.After(3 * time.Second):
+		t.Fatal("WatchDeletes did not return within 3s of its context's end (server paused)")
+	}
+	t.Logf("returned %v after the cancellation", time.Since(start))
+}
+
+// TestWatchDeletesWithoutChannelPermission: an ACL user without the
+// channel (Redis 7 users start with none) cannot subscribe: WatchDeletes
+// reports NOPERM and tries again a watchRetry later (no spinning), never
+// calls reset, and Delete still deletes.
+func TestWatchDeletesWithoutChannelPermission(t *testing.T) {
+	setWatchTimes(t, time.Second, 100*time.Millisecond)
+	ps := startPrivateServer(t)
+	ctx := context.Background()
+	if err := ps.client(t).Do(ctx, "acl", "setuser", "nochan", "on", ">pw", "~*", "+@all", "resetchannels").Err(); err != nil {
+		t.Fatal(err)
+	}
+	c := newClient(t, &redis.Options{Addr: ps.addr(), Username: "nochan", Password: "pw"})
+	s := newStore(t, c, Options{Clock: CallerClock})
+	start := time.Now()
+	w := startWatch(t, s)
+	for range 3 {
+		if err := w.wantReport(t, 5*time.Second); !strings.Contains(err.Error(), "NOPERM") {
+			t.Fatalf("reported %v, want NOPERM", err)
+		}
+	}
+	if took := time.Since(start); took < 2*watchRetry {
+		t.Errorf("3 refusals reported within %v: WatchDeletes does not pause %v between tries", took, watchRetry)
+	}
+	select {
+	case <-w.resets:
+		t.Fatal("reset called without a subscription")
+	default:
+	}
+
+	now := time.Now()
+	if _, claimed, err := s.Begin(ctx, "k", "fp", now, time.Minute, time.Hour); err != nil || !claimed {
+		t.Fatalf("Begin = %v, %v", claimed, err)
+	}
+	if err := s.Delete(ctx, "k"); err != nil {
+		t.Fatalf("Delete without PUBLISH permission = %v, want nil (the announcement is best effort)", err)
+	}
+	if _, err := s.Get(ctx, "k", now); !errors.Is(err, idempotency.ErrNotFound) {
+		t.Fatalf("Get after Delete = %v, want ErrNotFound", err)
+	}
+}
+
+// TestDeleteAnnouncementBoundedWithoutContextTimeout: on a client without
+// ContextTimeoutEnabled (go-redis's default) whose PUBLISH goes to another
+// node than the HDEL (a Ring or Cluster routes it by channel), a paused
+// node holds Delete for OpTimeout, not for the client's ReadTimeout.
+func TestDeleteAnnouncementBoundedWithoutContextTimeout(t *testing.T) {
+	a, b := startPrivateServer(t), startPrivateServer(t)
+	ring := redis.NewRing(&redis.RingOptions{Addrs: map[string]string{"a": a.addr(), "b": b.addr()},
+		ReadTimeout: 10 * time.Second, MaxRetries: -1})
+	t.Cleanup(func() { ring.Close() })
+	s := newStore(t, ring, Options{OpTimeout: 300 * time.Millisecond, Logger: discard()})
+	ctx := context.Background()
+	// Which shard takes the announcements, and a key on the other one.
+	ca, cb := a.client(t), b.client(t)
+	before := commandCalls(t, ca)["publish"]
+	if err := ring.Publish(ctx, s.deletesChannel(), "probe").Err(); err != nil {
+		t.Fatal(err)
+	}
+	channelNode, keyNode := b, ca
+	if commandCalls(t, ca)["publish"] > before {
+		channelNode, keyNode = a, cb
+	}
+	key := ""
+	for i := 0; key == ""; i++ {
+		k := "k" + strconv.Itoa(i)
+		if _, _, err := s.Begin(ctx, k, "fp", time.Now(), time.Minute, time.Hour); err != nil {
+			t.Fatal(err)
+		}
+		if keyNode.Exists(ctx, s.Key(k)).Val() == 1 {
+			key = k
+		}
+	}
+	channelNode.signal(syscall.SIGSTOP)
+	t.Cleanup(func() { channelNode.signal(syscall.SIGCONT) })
+	start := time.Now()
+	err := s.Delete(ctx, key)
+	took := time.Since(start)
+	if err != nil {
+		t.Errorf("Delete = %v, want nil (the key's node answered)", err)
+	}
+	if took > 2*time.Second {
+		t.Errorf("Delete took %v with OpTimeout 300ms (the announcement's node paused)", took)
+	}
+	if _, err := s.Get(ctx, key, time.Now()); !errors.Is(err, idempotency.ErrNotFound) {
+		t.Errorf("Get after Delete = %v, want ErrNotFound", err)
+	}
+}
+
+// cancelAfter is a hook that cancels a context once a command of the
+// given name has been answered.
+type cancelAfter struct {
+	name   string
+	cancel context.CancelFunc
+}
+
+func (h cancelAfter) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h cancelAfter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+func (h cancelAfter) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		err := next(ctx, cmd)
+		if cmd.Name() == h.name {
+			h.cancel()
+		}
+		return err
+	}
+}
+
+// TestDeleteAnnouncesAfterCallerCancels: a caller that cancels its ctx
+// once the record is deleted (an operator's HTTP client gone) does not
+// take the announcement with it: the other processes' caches forget the
+// key.
+func TestDeleteAnnouncesAfterCallerCancels(t *testing.T) {
+	prefix := randomPrefix(t)
+	w := watch(t, newStore(t, sharedClient(t), Options{Prefix: prefix}))
+	c := sharedClient(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	c.AddHook(cancelAfter{name: "hdel", cancel: cancel})
+	s := newStore(t, c, Options{Prefix: prefix})
+	if err := s.Delete(ctx, "k"); err != nil {
+		t.Fatal(err)
+	}
+	if ctx.Err() == nil {
+		t.Fatal("the hook did not cancel the context")
+	}
+	w.wantForgot(t, "k")
+}
+
+// TestWatchDeletesClusterMigrationAndFailure: on a private two-master
+// cluster, the subscription keeps receiving while the channel's slot
+// moves to the other master (pub/sub messages are broadcast to every
+// node), and when the node it is subscribed to dies and the survivor takes
+// over its slots, the subscription is made again there, with a reset.
+func TestWatchDeletesClusterMigrationAndFailure(t *testing.T) {
+	setWatchTimes(t, time.Second, 100*time.Millisecond)
+	args := []string{"--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf", "--cluster-node-timeout", "500"}
+	nodes := []*privateServer{startPrivateServer(t, args...), startPrivateServer(t, args...)}
+	ctx := context.Background()
+	admin := []*redis.Client{nodes[0].client(t), nodes[1].client(t)}
+	ids := make([]string, 2)
+	for i, c := range admin {
+		var err error
+		if ids[i], err = c.Do(ctx, "cluster", "myid").Text(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ranges := [][2]int{{0, 8191}, {8192, 16383}}
+	for i, c := range admin {
+		if err := c.Do(ctx, "cluster", "addslotsrange", ranges[i][0], ranges[i][1]).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := admin[0].Do(ctx, "cluster", "meet", "127.0.0.1", nodes[1].port).Err(); err != nil {
+		t.Fatal(err)
+	}
+	waitOK := func(cs ...*redis.Client) {
+		t.Helper()
+		deadline := time.Now().Add(10 * time.Second)
+		for _, c := range cs {
+			for {
+				info, _ := c.ClusterInfo(ctx).Result()
+				if strings.Contains(info, "cluster_state:ok") {
+					break
+				}
+				if time.Now().After(deadline) {
+					t.Fatalf("private cluster not ok:\n%s", info)
+				}
+				time.Sleep(20 * time.Millisecond)
+			}
+		}
+	}
+	waitOK(admin...)
+
+	cc := redis.NewClusterClient(&redis.ClusterOptions{Addrs: []string{nodes[0].addr(), nodes[1].addr()},
+		ContextTimeoutEnabled: true, MaxRetries: 2})
+	t.Cleanup(func() { cc.Close() })
+	s := newStore(t, cc, Options{Logger: discard(), OpTimeout: 500 * time.Millisecond})
+	w := watch(t, s)
+	// x: the master the watcher subscribed to (the channel's slot); y: the other.
+	slot := int(admin[0].ClusterKeySlot(ctx, s.deletesChannel()).Val())
+	x, y := 1, 0
+	if slot <= ranges[0][1] {
+		x, y = 0, 1
+	}
+	if n := admin[x].Do(ctx, "pubsub", "numsub", s.deletesChannel()).Val().([]any)[1].(int64); n != 1 {
+		t.Fatalf("the channel's master has %d subscribers, want the watcher", n)
+	}
+	for i := range 4 { // keys on both masters
+		mustDelete(t, s, "a"+strconv.Itoa(i))
+		w.wantForgot(t, "a"+strconv.Itoa(i))
+	}
+
+	// The channel's slot moves to y (no key holds it: SETSLOT NODE alone).
+	if err := admin[y].Do(ctx, "cluster", "setslot", slot, "node", ids[y]).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := admin[x].Do(ctx, "cluster", "setslot", slot, "node", ids[y]).Err(); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 4 {
+		mustDelete(t, s, "b"+strconv.Itoa(i))
+		w.wantForgot(t, "b"+strconv.Itoa(i))
+	}
+
+	// x dies; y forgets it and takes its slots, as a failover would.
+	nodes[x].kill()
+	w.wantReport(t, 5*time.Second)
+	if err := admin[y].Do(ctx, "cluster", "forget", ids[x]).Err(); err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range [][2]int{{ranges[x][0], slot - 1}, {slot + 1, ranges[x][1]}} {
+		if r[0] > r[1] {
+			continue
+		}
+		if err := admin[y].Do(ctx, "cluster", "addslotsrange", r[0], r[1]).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitOK(admin[y])
+	start := time.Now()
+	select {
+	case <-w.resets:
+	case <-time.After(10 * time.Second):
+		t.Fatal("not subscribed again within 10s of the failover")
+	}
+	t.Logf("subscribed again %v after the failover", time.Since(start))
+	// Announcements are best effort: until the client has learnt the new
+	// slot map, a PUBLISH (routed to any node) may go to the dead one and
+	// be lost, and so may a Delete. Each key is deleted again until the
+	// watcher hears of it; what this checks is that the feed is back.
+	for i := range 4 {
+		k := "c" + strconv.Itoa(i)
+		deadline := time.Now().Add(10 * time.Second)
+	heard:
+		for {
+			_ = s.Delete(ctx, k)
+			select {
+			case got := <-w.forgot:
+				if got == k {
+					break heard
+				}
+			case <-time.After(200 * time.Millisecond):
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%q: no announcement heard within 10s after the failover", k)
+			}
+		}
 	}
 }

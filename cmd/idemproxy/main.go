@@ -132,8 +132,8 @@ func serve(ctx context.Context, cfg *config, log *slog.Logger) error {
 	var guarded idempotency.Store = timedStore{Store: store, m: m}
 	watcher, announces := store.(deleteWatcher)
 	if _, inMemory := store.(*idempotency.MemoryStore); cfg.replayCache.forStore(announces) > 0 && !inMemory {
-		cache, err := idempotency.NewReplayCache(guarded, &idempotency.CacheOptions{
-			TTL: cfg.replayCache.forStore(announces), MaxBytes: cfg.replayCacheSize})
+		ttl := cfg.replayCache.forStore(announces)
+		cache, err := idempotency.NewReplayCache(guarded, &idempotency.CacheOptions{TTL: ttl, MaxBytes: cfg.replayCacheSize})
 		if err != nil {
 			return fmt.Errorf("%w: %w", errUsage, err)
 		}
@@ -144,7 +144,7 @@ func serve(ctx context.Context, cfg *config, log *slog.Logger) error {
 		guarded = cache
 		if announces {
 			// Stopped before the store is closed (defers run last first).
-			defer watchDeletes(watcher, cache, log)()
+			defer watchDeletes(watcher, cache, ttl, log)()
 		}
 	}
 	guard, err := idempotency.NewGuard(guarded, &idempotency.Options{

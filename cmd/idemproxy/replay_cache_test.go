@@ -1,11 +1,18 @@
 package main
 
 import (
+	"context"
+	"net"
 	"net/http"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/archlab/idempotency/internal/testenv"
 )
 
 // TestReplayCache: with -replay-cache, replays come from memory (the cache
@@ -144,5 +151,90 @@ func TestReplayCacheAuto(t *testing.T) {
 				t.Errorf("replay cache used = %v, want %v", got, tc.cache)
 			}
 		})
+	}
+}
+
+// waitLog waits (bounded) until the proxy's log holds want.
+func waitLog(t *testing.T, p *inproc, want string) string {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		logs := p.logs.String()
+		if strings.Contains(logs, want) {
+			return logs
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the log does not say %q within 5s:\n%s", want, logs)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// TestReplayCacheFeedRefused: on Redis with an ACL user that may not use
+// the deletion channel (Redis 7 users start without channels), the proxy
+// still serves and deletes, with the cache bounded by its TTL, and says
+// once, not at every retry, that the feed is down and why.
+func TestReplayCacheFeedRefused(t *testing.T) {
+	rs := startRedisServer(t)
+	admin := redis.NewClient(&redis.Options{Addr: rs.addr})
+	defer admin.Close()
+	if err := admin.Do(context.Background(), "acl", "setuser", "nochan", "on", ">pw", "~*", "+@all", "resetchannels").Err(); err != nil {
+		t.Fatal(err)
+	}
+	up := newUpstream(t)
+	p := startInproc(t, "-upstream", up.URL, "-store", "redis://nochan:pw@"+rs.addr+"/0")
+	logs := waitLog(t, p, "deletion feed is down")
+	if !strings.Contains(logs, "NOPERM") {
+		t.Errorf("the warning does not say why:\n%s", logs)
+	}
+	first := mustPost(t, p.proxy, "/orders", "k", "x")
+	if r := do(t, http.MethodDelete, "http://"+p.admin+"/keys/k"); r.status != http.StatusOK {
+		t.Fatalf("DELETE = %d %q", r.status, r.body)
+	}
+	if r := mustPost(t, p.proxy, "/orders", "k", "x"); r.body == first.body || up.ran("k") != 2 {
+		t.Fatalf("after the delete: %q, %d runs; want a second run", r.body, up.ran("k"))
+	}
+	// The watcher retries every second; the log says it once.
+	time.Sleep(2500 * time.Millisecond)
+	if n := strings.Count(p.logs.String(), "deletion feed is down"); n != 1 {
+		t.Errorf("the feed's failure was logged %d times, want once:\n%s", n, p.logs.String())
+	}
+}
+
+// TestReplayCacheFeedBack: with Redis down when the proxy starts, the feed
+// is said to be down; once Redis is there the subscription is made and
+// the log says so.
+func TestReplayCacheFeedBack(t *testing.T) {
+	addr := freeAddr(t) // nothing listens there yet
+	up := newUpstream(t)
+	p := startInproc(t, "-upstream", up.URL, "-store", "redis://"+addr+"/0")
+	waitLog(t, p, "deletion feed is down")
+	startRedisAt(t, addr)
+	waitLog(t, p, "deletion feed is subscribed again")
+}
+
+// startRedisAt starts a redis-server of the test's own on addr, killed
+// when the test ends, and waits (bounded) until it answers.
+func startRedisAt(t *testing.T, addr string) {
+	t.Helper()
+	_, port, _ := net.SplitHostPort(addr)
+	dir := t.TempDir()
+	cmd := exec.Command(testenv.Binary(t, "redis-server"), "--bind", "127.0.0.1", "--port", port, "--dir", dir,
+		"--save", "", "--appendonly", "no", "--maxmemory-policy", "noeviction", "--logfile", dir+"/redis.log")
+	if err := cmd.Start(); err != nil {
+		t.Fatalf("start redis-server: %v", err)
+	}
+	t.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+	})
+	c := redis.NewClient(&redis.Options{Addr: addr, DialTimeout: 200 * time.Millisecond, MaxRetries: -1})
+	defer c.Close()
+	deadline := time.Now().Add(10 * time.Second)
+	for c.Ping(context.Background()).Err() != nil {
+		if time.Now().After(deadline) {
+			t.Fatalf("redis-server on %s did not answer within 10s", addr)
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
 }

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"log/slog"
+	"time"
 
 	"github.com/archlab/idempotency"
 )
@@ -10,23 +11,31 @@ import (
 // deleteWatcher is a store that announces deletions made through any
 // process (redisstore.Store).
 type deleteWatcher interface {
-	WatchDeletes(ctx context.Context, forget func(key string), reset func()) error
+	WatchDeletes(ctx context.Context, forget func(key string), reset func(), report func(error)) error
 }
 
-// watchDeletes keeps cache coherent with deletions made through other
-// instances until the returned function is called; it returns once the
-// watcher has stopped.
-func watchDeletes(w deleteWatcher, cache *idempotency.ReplayCache, log *slog.Logger) (stop func()) {
+// watchDeletes keeps cache, whose TTL is ttl, coherent with deletions made
+// through other instances until the returned function is called; that
+// function returns once the watcher has stopped. The feed going down is
+// logged once (not at every retry), and so is its coming back.
+func watchDeletes(w deleteWatcher, cache *idempotency.ReplayCache, ttl time.Duration, log *slog.Logger) (stop func()) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		resets := 0
+		resets, down := 0, false
 		_ = w.WatchDeletes(ctx, cache.Forget, func() {
 			cache.ForgetAll()
-			if resets++; resets > 1 {
-				log.Warn("replay cache emptied: the store's deletion feed was resubscribed, deletions in between may have been missed")
+			if resets++; resets > 1 || down {
+				log.Info("replay cache: the store's deletion feed is subscribed again; the cache was emptied, since deletions in between may have been missed")
 			}
+			down = false
+		}, func(err error) {
+			if !down {
+				log.Warn("replay cache: the store's deletion feed is down; until it is back, a key deleted through another instance may replay here for up to the cache's TTL",
+					"ttl", ttl, "error", err)
+			}
+			down = true
 		})
 	}()
 	return func() {
