@@ -45,8 +45,8 @@ func (s *syncBuffer) String() string {
 }
 
 var (
-	proxyAddrRE = regexp.MustCompile(`proxy=(\S+)`)
-	adminAddrRE = regexp.MustCompile(`admin=(\S+)`)
+	proxyAddrRE = regexp.MustCompile(`proxy=(\S+)|"proxy":"([^"]+)"`)
+	adminAddrRE = regexp.MustCompile(`admin=(\S+)|"admin":"([^"]+)"`)
 )
 
 // waitListening waits for the "listening" log line and returns the
@@ -57,12 +57,12 @@ func waitListening(t *testing.T, logs func() string, exited <-chan struct{}) (pr
 	for time.Now().Before(deadline) {
 		s := logs()
 		for _, line := range strings.Split(s, "\n") {
-			if strings.Contains(line, "msg=listening") {
+			if strings.Contains(line, "msg=listening") || strings.Contains(line, `"msg":"listening"`) {
 				if m := proxyAddrRE.FindStringSubmatch(line); m != nil {
-					proxy = m[1]
+					proxy = m[1] + m[2]
 				}
 				if m := adminAddrRE.FindStringSubmatch(line); m != nil {
-					admin = m[1]
+					admin = m[1] + m[2]
 				}
 				return proxy, admin
 			}

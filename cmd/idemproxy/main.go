@@ -65,6 +65,8 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/archlab/idempotency"
 	"github.com/archlab/idempotency/idemhttp"
 	"github.com/archlab/idempotency/internal/storeurl"
@@ -113,6 +115,7 @@ func newLogger(cfg *config, w io.Writer) *slog.Logger {
 }
 
 func serve(ctx context.Context, cfg *config, log *slog.Logger) error {
+	redis.SetLogger(redisLog{log})
 	openCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	store, closer, err := storeurl.Open(openCtx, cfg.store, storeurl.Options{Migrate: cfg.migrate, Logger: log})
 	cancel()

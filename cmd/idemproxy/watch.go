@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"time"
 
@@ -42,4 +43,14 @@ func watchDeletes(w deleteWatcher, cache *idempotency.ReplayCache, ttl time.Dura
 		cancel()
 		<-done
 	}
+}
+
+// redisLog sends the Redis client's own messages (a dial that failed, a
+// pool that cannot fill) to the proxy's logger, so that -log-format json
+// stays JSON on stderr. The client's logger is process-wide: the proxy's
+// is installed when it starts serving.
+type redisLog struct{ log *slog.Logger }
+
+func (l redisLog) Printf(ctx context.Context, format string, v ...any) {
+	l.log.WarnContext(ctx, "redis client", "message", fmt.Sprintf(format, v...))
 }
