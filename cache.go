@@ -40,9 +40,9 @@ type CacheOptions struct {
 // fingerprint.
 //
 // A store that announces deletions keeps caches coherent across processes:
-// run redisstore's WatchDeletes with Forget and ForgetAll (and a function
-// that logs the feed's failures), and a deletion made anywhere is
-// forgotten here within milliseconds; the TTL then only bounds what a
+// run redisstore's or pgstore's WatchDeletes with Forget and ForgetAll
+// (and a function that logs the feed's failures), and a deletion made
+// anywhere is forgotten here within milliseconds; the TTL then only bounds what a
 // broken feed or a lost announcement costs.
 //
 // Use it when replays are frequent (clients that retry hard, at-least-once

@@ -75,6 +75,32 @@
 // cancelled, so without a bound a server that stopped answering would hold
 // Guard.Do for good. pgx closes a connection whose statement ran out.
 //
+// # Deletion feed
+//
+// Delete announces each key it deletes by NOTIFY on the channel
+// "<schema>.<table>.deleted" (past 63 bytes, the identifier limit, its
+// first bytes and a hash), in its own statement: a deletion is announced
+// when it commits, never if it rolls back, and an absent key is not
+// announced. Store.WatchDeletes LISTENs on that channel and feeds an
+// idempotency.ReplayCache (Forget, ForgetAll), with the same contract as
+// redisstore's: PostgreSQL keeps no notification for a session that is not
+// listening, so reset is called each time LISTEN succeeds, and failures
+// are reported and retried about once a second. A notification's payload
+// is under 8000 bytes and a key goes as hex, so the deletion of a key
+// longer than 3999 bytes is announced as a marker on which watchers call
+// reset.
+//
+// WatchDeletes holds one connection for as long as it runs, taken from the
+// pool and then kept out of it: one connection per watching process beyond
+// the pool's MaxConns, to count in max_connections. LISTEN needs a session
+// of its own: PgBouncer in transaction or statement pooling mode does not
+// support it (notifications go to whichever client holds the server
+// connection, or nowhere). Behind such a pooler, give WatchDeletes a Store
+// of the same Schema and Table made by New on a pool that reaches the server
+// directly or through session pooling; Delete's NOTIFY works through any
+// mode. NOTIFY takes a database-wide lock while the deleting transaction
+// commits, which is of no account for deletions made by operators.
+//
 // # Cleanup
 //
 // Expired rows are ignored by every operation and overwritten by the next

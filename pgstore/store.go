@@ -61,7 +61,8 @@ type Options struct {
 const DefaultOpTimeout = 5 * time.Second
 
 // Store is an idempotency.Store on PostgreSQL. It is safe for concurrent
-// use; it holds no connection of its own and starts no goroutine.
+// use; it holds no connection of its own (but WatchDeletes, while it runs)
+// and starts no goroutine.
 type Store struct {
 	pool    *pgxpool.Pool
 	clock   Clock
@@ -69,6 +70,7 @@ type Store struct {
 	timeout time.Duration
 
 	schema, table string // validated, unquoted
+	channel       string // of Delete's notifications; see deletesChannel
 	lockKey       int64  // advisory lock of Migrate
 
 	retries atomic.Int64 // statements run again (serialization, deadlock, stale snapshot), for tests
@@ -128,6 +130,7 @@ func New(pool *pgxpool.Pool, opts *Options) (*Store, error) {
 		return nil, fmt.Errorf("pgstore: %w: OpTimeout %v is negative", idempotency.ErrInvalidConfig, s.timeout)
 	}
 	s.lockKey = advisoryKey(s.schema, s.table)
+	s.channel = deletesChannel(s.schema, s.table)
 	s.names = strings.NewReplacer(
 		"{{schema}}", pgx.Identifier{s.schema}.Sanitize(),
 		"{{table}}", pgx.Identifier{s.schema, s.table}.Sanitize(),
@@ -208,9 +211,16 @@ WHERE key = $1 AND token = $2 AND state = 'PROCESSING'`, 4)
 	s.releaseSQL = sql(`UPDATE {{table}} SET state = 'DONE', lease_until = {{servernow}}, expires_at = 0,
 	status = NULL, headers = NULL, body = NULL
 WHERE key = $1 AND token = $2 AND state = 'PROCESSING'`, 0)
-	s.deleteSQL = sql(`UPDATE {{table}} SET state = 'DONE', lease_until = {{servernow}}, expires_at = 0,
-	status = NULL, headers = NULL, body = NULL
-WHERE key = $1`, 0)
+	// Delete announces the key for WatchDeletes in the same statement:
+	// NOTIFY is delivered when the transaction commits, and not at all if
+	// it rolls back. An absent key changes no row and announces nothing.
+	s.deleteSQL = sql(`WITH d AS (
+	UPDATE {{table}} SET state = 'DONE', lease_until = {{servernow}}, expires_at = 0,
+		status = NULL, headers = NULL, body = NULL
+	WHERE key = $1
+	RETURNING key
+)
+SELECT pg_notify(`+quoteLiteral(s.channel)+`, `+announceExpr+`) FROM d`, 0)
 	// $1 key, $2 now.
 	s.getSQL = sql(`SELECT fingerprint, state, token, lease_until, expires_at, status, headers, body
 FROM {{table}} WHERE key = $1 AND expires_at > {{now}}`, 2)
@@ -376,7 +386,10 @@ func (s *Store) Get(ctx context.Context, key string, now time.Time) (idempotency
 	return rec, err
 }
 
-// Delete implements idempotency.Store.
+// Delete implements idempotency.Store. It leaves a tombstone (see
+// Release) and, in the same statement, announces the key to WatchDeletes
+// by NOTIFY, delivered only if the statement commits. A key that is
+// absent is no error and is not announced.
 func (s *Store) Delete(ctx context.Context, key string) error {
 	return s.run(ctx, "delete", func(ctx context.Context) error {
 		_, err := s.pool.Exec(ctx, s.deleteSQL, []byte(key))

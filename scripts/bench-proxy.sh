@@ -4,7 +4,7 @@
 #
 # STOREs are any of memory, bolt, redis (default: all three; redis is a
 # private redis-server on a free port, no persistence), each with
-# idemproxy's defaults (-replay-cache auto: a replay cache on Redis only),
+# idemproxy's defaults (-replay-cache auto: a replay cache on Redis and PostgreSQL),
 # and with a suffix: bolt-cache, redis-cache (-replay-cache 1s) or
 # redis-nocache (-replay-cache 0). For each store and
 # each workload the plain proxy and idemproxy are measured in alternating

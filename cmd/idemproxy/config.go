@@ -124,7 +124,7 @@ IDEMPROXY_UPSTREAM_TIMEOUT, ...); a flag on the command line wins.
 	fs.StringVar(&logLevel, "log-level", "info", "log level: debug, info, warn, error")
 	fs.DurationVar(&c.upstreamTimeout, "upstream-timeout", time.Minute, "longest wait for the upstream's response; past it: 504 and the claim is kept until its lease ends (0: no limit)")
 	c.replayCache = cacheTTL{auto: true}
-	fs.Var(&c.replayCache, "replay-cache", "replay finished keys from this process's memory for up to this long before asking the store again; a key deleted through another instance, where the store does not announce deletions, may replay here that long (0: off; auto: 1s on Redis, which announces deletions, off elsewhere; never with the memory store)")
+	fs.Var(&c.replayCache, "replay-cache", "replay finished keys from this process's memory for up to this long before asking the store again; a key deleted through another instance, where the store does not announce deletions, may replay here that long (0: off; auto: 1s on Redis and PostgreSQL, which announce deletions, off elsewhere; never with the memory store)")
 	fs.Int64Var(&c.replayCacheSize, "replay-cache-size", 64<<20, "most bytes the replay cache holds (keys, fingerprints, bodies, headers)")
 	fs.DurationVar(&c.shutdown, "shutdown-timeout", 30*time.Second, "on SIGTERM, how long in-flight requests may take to finish")
 

@@ -143,7 +143,7 @@ func serve(ctx context.Context, cfg *config, log *slog.Logger) error {
 		m.watchCache(cache)
 		// The admin API deletes through the cache, which forgets the key
 		// at once; other instances' caches forget it when the store
-		// announces the deletion (Redis), or within the TTL.
+		// announces the deletion (Redis, PostgreSQL), or within the TTL.
 		guarded = cache
 		if announces {
 			// Stopped before the store is closed (defers run last first).

@@ -127,8 +127,8 @@ func TestReplayCacheAdminDeleteOfKeyDeletedElsewhere(t *testing.T) {
 }
 
 // TestReplayCacheAuto: by default (-replay-cache auto) the cache is on
-// where the store announces deletions (Redis), off elsewhere; 0 turns it
-// off everywhere.
+// where the store announces deletions (Redis, PostgreSQL), off elsewhere;
+// 0 turns it off everywhere.
 func TestReplayCacheAuto(t *testing.T) {
 	up := newUpstream(t)
 	for _, tc := range []struct {
@@ -151,6 +151,59 @@ func TestReplayCacheAuto(t *testing.T) {
 				t.Errorf("replay cache used = %v, want %v", got, tc.cache)
 			}
 		})
+	}
+}
+
+// TestReplayCachePostgres: on PostgreSQL, proxies with the default flags
+// (-replay-cache auto) replay from memory, and a key deleted through one is
+// forgotten by the others as PostgreSQL announces it (NOTIFY), not when
+// their TTL runs out: a third instance whose TTL is an hour sees it
+// within seconds too.
+func TestReplayCachePostgres(t *testing.T) {
+	up := newUpstream(t)
+	store := postgresTestStore(t)
+	a := startInproc(t, "-upstream", up.URL, "-store", store)
+	b := startInproc(t, "-upstream", up.URL, "-store", store)
+	c := startInproc(t, "-upstream", up.URL, "-store", store, "-replay-cache", "1h")
+
+	first := mustPost(t, a.proxy, "/orders", "k1", "x")
+	for _, p := range []*inproc{a, b, c} {
+		for range 3 {
+			if r := mustPost(t, p.proxy, "/orders", "k1", "x"); r.body != first.body {
+				t.Fatalf("replay = %d %q, want %q", r.status, r.body, first.body)
+			}
+		}
+		if got := metricValue(t, p.admin, "idemproxy_replay_cache_hits_total"); got < 1 {
+			t.Errorf("replay cache hits = %v, want at least 1 of 3 replays", got)
+		}
+	}
+
+	if r := do(t, http.MethodDelete, "http://"+b.admin+"/keys/k1"); r.status != http.StatusOK {
+		t.Fatalf("DELETE through b = %d %q", r.status, r.body)
+	}
+	// a runs the key again (it forgot it, at the latest when its second
+	// ran out); c, whose TTL is an hour, then replays that second run.
+	for _, p := range []struct {
+		name string
+		p    *inproc
+	}{{"a", a}, {"c", c}} {
+		deadline := time.Now().Add(5 * time.Second)
+		for {
+			r := mustPost(t, p.p.proxy, "/orders", "k1", "x")
+			if r.body != first.body {
+				if !strings.Contains(r.body, "run 2") {
+					t.Fatalf("%s after a delete through b = %q; want the second run", p.name, r.body)
+				}
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%s still replays a key deleted through b 5s later", p.name)
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+	if up.ran("k1") != 2 {
+		t.Fatalf("k1 ran %d times upstream, want 2", up.ran("k1"))
 	}
 }
 

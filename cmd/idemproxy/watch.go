@@ -10,7 +10,7 @@ import (
 )
 
 // deleteWatcher is a store that announces deletions made through any
-// process (redisstore.Store).
+// process (redisstore.Store, pgstore.Store).
 type deleteWatcher interface {
 	WatchDeletes(ctx context.Context, forget func(key string), reset func(), report func(error)) error
 }
