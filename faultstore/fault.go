@@ -2,6 +2,7 @@ package faultstore
 
 import (
 	"context"
+	"errors"
 	"math"
 	"math/rand/v2"
 	"strings"
@@ -40,6 +41,9 @@ func (f errorFault) Apply(_ context.Context, op Op, key string, _ func(context.C
 // ErrInjected and err (which may be nil), whatever the store answered. The
 // store's own answer is kept out of the error chain, so that an error such
 // as idempotency.ErrLeaseLost is not mistaken for the store's verdict.
+// InjectedError.Applied says whether the store applied the operation; when
+// another fault answered in its place (chained inside, or in a faultstore
+// this one wraps), that fault's Applied.
 func LostAck(err error) Fault { return lostAckFault{err} }
 
 type lostAckFault struct{ err error }
@@ -48,7 +52,14 @@ func (f lostAckFault) MaybeFault(Op, string) Fault { return f }
 func (f lostAckFault) String() string              { return "lostack" }
 func (f lostAckFault) Apply(ctx context.Context, op Op, key string, call func(context.Context) error) error {
 	callErr := call(ctx)
-	return &InjectedError{Op: op, Key: key, Fault: f.String(), Applied: callErr == nil, Err: f.err}
+	applied := callErr == nil
+	if inner := (*InjectedError)(nil); errors.As(callErr, &inner) {
+		// Another fault answered in the store's place (chained inside
+		// this one, or in a faultstore this one wraps): it knows whether
+		// the store applied the operation.
+		applied = inner.Applied
+	}
+	return &InjectedError{Op: op, Key: key, Fault: f.String(), Applied: applied, Err: f.err}
 }
 
 // Latency returns a Fault that waits a duration drawn uniformly from

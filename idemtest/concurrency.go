@@ -50,6 +50,28 @@ func (e *env) raceAt(key string, now time.Time, fp func(i int) string) []beginRe
 	return out
 }
 
+// together runs f and g at once, released together. Go's scheduler tends
+// to run the goroutine started last first; swap says which that is, so
+// that a clause alternating it sees both orders, and with them the window
+// between a store's check and its write.
+func together(swap bool, f, g func()) {
+	if swap {
+		f, g = g, f
+	}
+	var start, done sync.WaitGroup
+	start.Add(1)
+	for _, fn := range []func(){f, g} {
+		done.Add(1)
+		go func() {
+			defer done.Done()
+			start.Wait()
+			fn()
+		}()
+	}
+	start.Done()
+	done.Wait()
+}
+
 // oneWinner checks the results of racers Begins with fingerprint "fp" of
 // key at now, whose record before the race was described by what: exactly
 // one claimed, with a token larger than after, and every other racer saw
@@ -140,22 +162,16 @@ var concurrencyClauses = []clause{
 			extend := round%2 == 1
 			var holderErr error
 			var taker beginResult
-			var wg sync.WaitGroup
-			wg.Add(2)
-			go func() {
-				defer wg.Done()
+			together(round/2%2 == 1, func() {
 				if extend {
 					holderErr = e.s.Extend(e.ctx, k, first.Token, now, lease)
 				} else {
 					holderErr = e.s.Complete(e.ctx, k, first.Token, sampleResponse("holder"), now, retention)
 				}
-			}()
-			go func() {
-				defer wg.Done()
+			}, func() {
 				rec, ok, err := e.s.Begin(e.ctx, k, "fp", now, lease, retention)
 				taker = beginResult{rec, ok, err}
-			}()
-			wg.Wait()
+			})
 			if taker.err != nil {
 				e.fatalf("round %d: Begin: unexpected error: %v", round, taker.err)
 			}
@@ -178,6 +194,42 @@ var concurrencyClauses = []clause{
 			default:
 				e.fatalf("round %d: holder: unexpected error: %v", round, holderErr)
 			}
+		}
+	}},
+	{"holder-release-races-takeover", func(e *env) {
+		// A holder whose lease just ran out gives the key back while
+		// another caller's Begin takes it over. Either goes first, and
+		// either way the key ends up claimed by the Begin: a Release that
+		// checked the token, then removed the record after the takeover,
+		// would delete the new holder's claim.
+		const rounds = 16
+		for round := range rounds {
+			k := e.key(fmt.Sprintf("release-race-%d", round))
+			first := e.claim(k, "fp", e.at(0))
+			now := e.at(lease)
+			var releaseErr error
+			var taker beginResult
+			together(round%2 == 1, func() {
+				releaseErr = e.s.Release(e.ctx, k, first.Token)
+			}, func() {
+				rec, ok, err := e.s.Begin(e.ctx, k, "fp", now, lease, retention)
+				taker = beginResult{rec, ok, err}
+			})
+			if taker.err != nil {
+				e.fatalf("round %d: Begin: unexpected error: %v", round, taker.err)
+			}
+			if releaseErr != nil && !errors.Is(releaseErr, idempotency.ErrLeaseLost) {
+				e.fatalf("round %d: Release: unexpected error: %v", round, releaseErr)
+			}
+			if !taker.claimed || taker.rec.Token <= first.Token {
+				e.fatalf("round %d: Begin past the lease = %+v, claimed %v; want a claim with a token larger than %d (Release: %v)",
+					round, taker.rec, taker.claimed, first.Token, releaseErr)
+			}
+			got, err := e.s.Get(e.ctx, k, now)
+			if err != nil {
+				e.fatalf("round %d: Get after Release (%v) raced the takeover: %v; want the new claim (token %d)", round, releaseErr, err, taker.rec.Token)
+			}
+			e.wantState(fmt.Sprintf("round %d: Get after Release (%v) raced the takeover", round, releaseErr), got, idempotency.Processing, "fp", taker.rec.Token)
 		}
 	}},
 	{"distinct-keys-64", func(e *env) {

@@ -3,6 +3,7 @@ package idemtest
 import (
 	"context"
 	"errors"
+	"fmt"
 	"time"
 )
 
@@ -31,6 +32,15 @@ var contextClauses = []clause{
 		_, _, err = e.s.Begin(canceled(), k, "fp", e.at(lease), lease, retention)
 		e.wantCanceled("Begin past the lease", err)
 		e.unchanged(k, e.at(lease), rec)
+		// Nor does it answer, though the answer needs no write (a replay
+		// cache, a read-only path): in flight, a replay, a conflict.
+		ans, _, err := e.s.Begin(canceled(), k, "fp", e.at(1), lease, retention)
+		e.wantCanceled(fmt.Sprintf("Begin of a key in flight (answered %+v)", ans), err)
+		e.complete(k, rec.Token, sampleResponse("done"), e.at(1))
+		ans, _, err = e.s.Begin(canceled(), k, "fp", e.at(2), lease, retention)
+		e.wantCanceled(fmt.Sprintf("Begin of a Done key (answered State %q)", ans.State), err)
+		ans, _, err = e.s.Begin(canceled(), k, "other", e.at(2), lease, retention)
+		e.wantCanceled(fmt.Sprintf("Begin with another fingerprint (answered State %q)", ans.State), err)
 	}},
 	{"canceled-complete", func(e *env) {
 		k := e.key("ctx-complete")

@@ -36,13 +36,22 @@ var contractGapBugs = []struct {
 	{"ignores-deadline", "Context/deadline-exceeded", fold("ignores-deadline")},
 	{"release-judges-wall-clock", "Release/after-lease-without-takeover", fold("release-judges-wall-clock")},
 	{"conflict-aliases-response", "Copies/conflict-answer", ref("conflict-aliases-response")},
+	{"release-not-atomic", "Concurrency/holder-release-races-takeover", ref("release-not-atomic")},
+	{"complete-not-atomic", "Concurrency/holder-races-takeover", ref("complete-not-atomic")},
+	{"get-collects-token", "Fencing/increase-across-expiry", ref("get-collects-token")},
+	{"begin-answers-despite-ctx", "Context/canceled-begin", fold("begin-answers-despite-ctx")},
+	{"keys-truncated-at-256", "Keys/scoped-320-bytes", fold("keys-truncated-at-256")},
 }
 
 func TestRefStorePasses(t *testing.T) {
 	ctx := context.Background()
-	for _, c := range idemtest.Clauses() {
-		if err := c.Check(ctx, newRefStore("")); err != nil {
-			t.Errorf("%s on the reference store: %v", c.Name, err)
+	// "per-key-tokens" is no bug: the contract asks tokens to increase per
+	// key, so counters of their own (kept by Release and Delete) are fine.
+	for _, variant := range []string{"", "per-key-tokens"} {
+		for _, c := range idemtest.Clauses() {
+			if err := c.Check(ctx, newRefStore(variant)); err != nil {
+				t.Errorf("%s on the reference store %q: %v", c.Name, variant, err)
+			}
 		}
 	}
 }
@@ -84,6 +93,11 @@ type refStore struct {
 	// conflictResp is the Response handed out with Conflict answers, for
 	// the "conflict-aliases-response" bug.
 	conflictResp map[string]idempotency.Response
+	// keyTokens are per-key token counters, for the "per-key-tokens"
+	// variant and the "get-collects-token" bug: kept by Release and Delete
+	// (a tombstone, as Redis keeps the token field), but with the bug
+	// dropped with an expired record that Get collects.
+	keyTokens map[string]uint64
 }
 
 type refRecord struct {
@@ -93,7 +107,18 @@ type refRecord struct {
 }
 
 func newRefStore(bug string) *refStore {
-	return &refStore{bug: bug, recs: map[string]*refRecord{}, conflictResp: map[string]idempotency.Response{}}
+	return &refStore{bug: bug, recs: map[string]*refRecord{}, conflictResp: map[string]idempotency.Response{},
+		keyTokens: map[string]uint64{}}
+}
+
+// nextToken returns the token of a new claim of key.
+func (s *refStore) nextToken(key string) uint64 {
+	if s.bug == "per-key-tokens" || s.bug == "get-collects-token" {
+		s.keyTokens[key]++
+		return s.keyTokens[key]
+	}
+	s.tokens++
+	return s.tokens
 }
 
 func cloneResponse(r idempotency.Response) idempotency.Response {
@@ -139,18 +164,16 @@ func (s *refStore) Begin(ctx context.Context, key, fp string, now time.Time, lea
 		s.mu.Unlock()
 		time.Sleep(time.Millisecond)
 		s.mu.Lock()
-		s.tokens++
 		r := &refRecord{lease: lease, retention: retention, rec: idempotency.Record{Fingerprint: fp,
-			State: idempotency.Processing, Token: s.tokens, LeaseUntil: now.Add(lease), ExpiresAt: now.Add(retention)}}
+			State: idempotency.Processing, Token: s.nextToken(key), LeaseUntil: now.Add(lease), ExpiresAt: now.Add(retention)}}
 		s.recs[key] = r
 		return cloneRecord(r.rec), true, nil
 	}
 	r := s.live(key, now)
 	switch {
 	case r == nil:
-		s.tokens++
 		r = &refRecord{lease: lease, retention: retention, rec: idempotency.Record{Fingerprint: fp,
-			State: idempotency.Processing, Token: s.tokens, LeaseUntil: now.Add(lease), ExpiresAt: now.Add(retention)}}
+			State: idempotency.Processing, Token: s.nextToken(key), LeaseUntil: now.Add(lease), ExpiresAt: now.Add(retention)}}
 		s.recs[key] = r
 		return cloneRecord(r.rec), true, nil
 	case r.rec.Fingerprint != fp:
@@ -176,8 +199,7 @@ func (s *refStore) Begin(ctx context.Context, key, fp string, now time.Time, lea
 			return cloneRecord(r.rec), false, nil
 		}
 	}
-	s.tokens++
-	r.rec.Token = s.tokens
+	r.rec.Token = s.nextToken(key)
 	r.rec.LeaseUntil = now.Add(lease)
 	r.rec.ExpiresAt = laterOf(r.rec.ExpiresAt, r.rec.LeaseUntil)
 	return cloneRecord(r.rec), true, nil
@@ -200,6 +222,16 @@ func (s *refStore) Complete(ctx context.Context, key string, token uint64, resp 
 	r, err := s.claim(key, token)
 	if err != nil {
 		return err
+	}
+	if s.bug == "complete-not-atomic" {
+		// The token was checked; the result is written later, over
+		// whatever claim holds the key by then.
+		s.mu.Unlock()
+		time.Sleep(time.Millisecond)
+		s.mu.Lock()
+		if r = s.recs[key]; r == nil {
+			return nil
+		}
 	}
 	r.rec.State = idempotency.Done
 	r.rec.Response = cloneResponse(resp)
@@ -246,6 +278,13 @@ func (s *refStore) Release(ctx context.Context, key string, token uint64) error 
 	if _, err := s.claim(key, token); err != nil {
 		return err
 	}
+	if s.bug == "release-not-atomic" {
+		// The token was checked; the record is removed later, whoever
+		// holds it by then.
+		s.mu.Unlock()
+		time.Sleep(time.Millisecond)
+		s.mu.Lock()
+	}
 	delete(s.recs, key)
 	return nil
 }
@@ -258,6 +297,11 @@ func (s *refStore) Get(ctx context.Context, key string, now time.Time) (idempote
 	defer s.mu.Unlock()
 	r := s.live(key, now)
 	if r == nil {
+		if s.bug == "get-collects-token" && s.recs[key] != nil {
+			// The expired record is collected, and its counter with it.
+			delete(s.recs, key)
+			delete(s.keyTokens, key)
+		}
 		return idempotency.Record{}, fmt.Errorf("ref: %q: %w", key, idempotency.ErrNotFound)
 	}
 	return cloneRecord(r.rec), nil
@@ -282,8 +326,11 @@ type folding struct {
 }
 
 func (f *folding) key(k string) string {
-	if f.bug == "keys-case-folded" {
+	switch f.bug {
+	case "keys-case-folded":
 		return strings.ToLower(k)
+	case "keys-truncated-at-256":
+		return k[:min(len(k), 256)] // a VARCHAR(256) key
 	}
 	return k
 }
@@ -301,6 +348,17 @@ func (f *folding) Begin(ctx context.Context, key, fp string, now time.Time, leas
 		fp = fp[:min(len(fp), 64)] // a CHAR(64) column
 	case "fingerprint-case-folded":
 		fp = strings.ToLower(fp) // a case-insensitive collation
+	case "begin-answers-despite-ctx":
+		if err := ctx.Err(); err != nil {
+			// A replay or an in-flight answer is read (from a cache, or
+			// on a read-only path) without looking at ctx; only a write
+			// does.
+			rec, gerr := f.Store.Get(context.WithoutCancel(ctx), f.key(key), now)
+			if gerr == nil && rec.Fingerprint == fp && (rec.State == idempotency.Done || now.Before(rec.LeaseUntil)) {
+				return rec, false, nil
+			}
+			return idempotency.Record{}, false, err
+		}
 	}
 	return f.Store.Begin(f.ctx(ctx), f.key(key), fp, now, lease, retention)
 }

@@ -12,8 +12,13 @@
 //	                                (go-redis ParseClusterURL options)
 //	postgres://... postgresql://... a pgxpool (pgx connection string syntax)
 //
+// A user name or password with / ? # @ or % in it must be percent-encoded;
+// Open refuses a URL whose password ends its authority early, without
+// quoting it.
+//
 // Besides the driver's own query options, each form accepts these, which are
-// removed before the URL reaches go-redis or pgx:
+// removed before the URL reaches go-redis or pgx (each at most once, and
+// never empty):
 //
 //	prefix=P       redis: the key prefix (redisstore.Options.Prefix); give each
 //	               application, or each test, its own
@@ -129,8 +134,9 @@ type closeFunc func() error
 func (f closeFunc) Close() error { return f() }
 
 // takeParams removes our own query parameters from u and returns them.
-// Each may appear once. A malformed query is an error: u.Query would drop
-// the malformed pairs, and with them, unseen, options such as sslmode.
+// Each may appear once, with a value. A malformed query is an error:
+// u.Query would drop the malformed pairs, and with them, unseen, options
+// such as sslmode.
 func takeParams(u *url.URL, names ...string) (map[string]string, error) {
 	q, err := url.ParseQuery(u.RawQuery)
 	if err != nil {
@@ -150,6 +156,11 @@ func takeParams(u *url.URL, names ...string) (map[string]string, error) {
 		if len(vs) != 1 {
 			return nil, invalid("query parameter %q given %d times", n, len(vs))
 		}
+		if vs[0] == "" {
+			// Most likely a template's unset variable: the default in its
+			// place would share a prefix or table with other applications.
+			return nil, invalid("query parameter %q is empty (leave it out for the default)", n)
+		}
 		out[n] = vs[0]
 		q.Del(n)
 	}
@@ -168,9 +179,9 @@ func redisClock(v string) (redisstore.Clock, error) {
 }
 
 func openRedis(ctx context.Context, rawURL string, opts Options) (idempotency.Store, io.Closer, error) {
-	u, err := url.Parse(rawURL)
+	u, err := parseURL(rawURL)
 	if err != nil {
-		return nil, nil, invalid("%v", redactErr(err))
+		return nil, nil, err
 	}
 	p, err := takeParams(u, "prefix", "clock")
 	if err != nil {
@@ -197,12 +208,14 @@ func openCluster(ctx context.Context, scheme, rest string, opts Options) (idempo
 	rest = rest[2:]
 	authority, query, _ := strings.Cut(rest, "?")
 	authority = strings.TrimSuffix(authority, "/")
-	if strings.Contains(authority, "/") {
-		return nil, nil, invalid("%s URL takes no path or database (Cluster has database 0 only)", scheme)
-	}
 	var userinfo string
 	if i := strings.LastIndex(authority, "@"); i >= 0 {
+		// Split first: an unencoded / in the password is the password's
+		// problem (parseURL says so), not a path.
 		userinfo, authority = authority[:i+1], authority[i+1:]
+	}
+	if strings.Contains(authority, "/") {
+		return nil, nil, invalid("%s URL takes no path or database (Cluster has database 0 only)", scheme)
 	}
 	var addrs []string
 	for _, a := range strings.Split(authority, ",") {
@@ -213,10 +226,10 @@ func openCluster(ctx context.Context, scheme, rest string, opts Options) (idempo
 	if len(addrs) == 0 {
 		return nil, nil, invalid("%s URL names no node", scheme)
 	}
-	base := strings.TrimSuffix(scheme, "+cluster")
-	u, err := url.Parse(base + "://" + userinfo + addrs[0] + "?" + query)
+	base := strings.TrimSuffix(strings.ToLower(scheme), "+cluster")
+	u, err := parseURL(base + "://" + userinfo + addrs[0] + "?" + query)
 	if err != nil {
-		return nil, nil, invalid("%v", redactErr(err))
+		return nil, nil, err
 	}
 	p, err := takeParams(u, "prefix", "clock")
 	if err != nil {
@@ -254,9 +267,9 @@ func newRedis(_ context.Context, client redis.UniversalClient, p map[string]stri
 }
 
 func openPostgres(ctx context.Context, rawURL string, opts Options) (idempotency.Store, io.Closer, error) {
-	u, err := url.Parse(rawURL)
+	u, err := parseURL(rawURL)
 	if err != nil {
-		return nil, nil, invalid("%v", redactErr(err))
+		return nil, nil, err
 	}
 	p, err := takeParams(u, "schema", "table", "clock")
 	if err != nil {
@@ -294,7 +307,45 @@ func openPostgres(ctx context.Context, rawURL string, opts Options) (idempotency
 	return s, closer, nil
 }
 
-// redactErr keeps a password out of url.Parse's error, which quotes the URL.
+// encodeHint is what to do about a password that ends the authority early.
+const encodeHint = "if the user name or password holds any of / ? # @ %, percent-encode it (%2F %3F %23 %40 %25)"
+
+// parseURL parses rawURL without quoting a password in its errors.
+//
+// url.Parse's error quotes the URL, and its cause may quote a piece of the
+// password: one with an unencoded / ? or # ends the authority there, so
+// "u:S3CR/ETX@host" reads as host u, port S3CR. Only what follows the last
+// @ is sure to hold no credentials, so the error of that part alone is
+// reported, or if that parses, the hint to percent-encode. A URL that
+// parses can still have been cut: an @ in its path, fragment or the name
+// of a query parameter (never in a value: prefix=a@b is fine) is the rest
+// of a password, which go-redis and pgx would quote or take for a
+// database, and is refused the same way.
+func parseURL(rawURL string) (*url.URL, error) {
+	u, err := url.Parse(rawURL)
+	if err != nil {
+		at := strings.LastIndex(rawURL, "@")
+		if at < 0 {
+			return nil, invalid("%v", redactErr(err))
+		}
+		scheme, _, _ := strings.Cut(rawURL, ":")
+		if _, err := url.Parse(scheme + "://user" + rawURL[at:]); err != nil {
+			return nil, invalid("%v", redactErr(err))
+		}
+		return nil, invalid("the URL does not parse: %s", encodeHint)
+	}
+	cut := strings.Contains(u.EscapedPath(), "@") || strings.Contains(u.Fragment, "@")
+	for _, pair := range strings.Split(u.RawQuery, "&") {
+		name, _, _ := strings.Cut(pair, "=")
+		cut = cut || strings.Contains(name, "@")
+	}
+	if cut {
+		return nil, invalid("the URL has an @ after its host: %s", encodeHint)
+	}
+	return u, nil
+}
+
+// redactErr drops the URL that url.Parse's error quotes.
 func redactErr(err error) error {
 	var ue *url.Error
 	if errors.As(err, &ue) {
