@@ -30,9 +30,9 @@ var (
 	// called with a fencing token that is no longer the key's current one:
 	// the lease was taken over, the key was released, deleted or expired.
 	// Nothing was changed. Guard.Do returns it (wrapped) when fn's result
-	// could not be stored because another holder owns the key now; fn's
-	// side effects may have happened and must be fenced downstream (see
-	// TokenFrom).
+	// could not be stored because its claim is no longer current (another
+	// holder took the key over, or it was deleted); fn's side effects may
+	// have happened and must be fenced downstream (see TokenFrom).
 	ErrLeaseLost = errors.New("idempotency lease lost")
 
 	// ErrNotFound is returned by Store.Get when the key has no live record.

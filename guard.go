@@ -189,6 +189,9 @@ type Result struct {
 // ctx is cancelled a tenth of the lease before the last successful claim or
 // renewal would let another holder take over; fn should stop its side
 // effects then. Its result is stored only if its token is still current.
+// fn's ctx is cancelled when fn returns, as a request's is when its HTTP
+// handler returns: work left running with it is told to stop (use
+// context.WithoutCancel for work that must go on).
 //
 // When fn returns an error, nothing is stored and the claim is kept until
 // its lease ends, as after a crash: fn may have had side effects. Mark the
@@ -358,31 +361,35 @@ func TokenFrom(ctx context.Context) (uint64, bool) {
 type claimKey struct{}
 
 // claimCtx is the context fn runs with. It carries the fencing token and is
-// cancelled when the lease is lost. It is a single allocation: its done
-// channel, and the link to the parent's cancellation, are made only if fn
-// asks for Done.
+// cancelled when the lease is lost or fn returns. It is a single
+// allocation: its done channel, and the link to the parent's cancellation,
+// are made only if fn asks for Done.
+//
+// Err and Done agree at every moment: Err returns nil while Done is open,
+// so a parent's cancellation, which reaches Done through a goroutine of the
+// context package, closes Done as soon as Err sees it.
 type claimCtx struct {
 	context.Context
 	token uint64
 
 	mu     sync.Mutex
 	done   chan struct{}
-	lost   bool         // a renewal was rejected, or the lease ran out unrenewed
+	ended  bool         // the lease was lost or fn returned: c is done whatever its parent
 	err    error        // the first non-nil Err, kept: Err must not change after
 	proven bool         // the store said so (ErrLeaseLost), not just the clock
 	stopFn func() bool  // unlinks from the parent's cancellation
-	afters []*afterCall // functions to run when the lease is lost
+	afters []*afterCall // functions to run when c ends before its parent
 }
 
 // AfterFunc arranges for f to run, in its own goroutine, once c is done:
-// when its parent is done or the lease is lost. The context package looks
-// for this method: with it, a context derived from c (WithCancel,
-// WithTimeout, as an HTTP transport makes for every request) links to c
-// without a goroutine of its own waiting on c.Done.
+// when its parent is done, the lease is lost or fn returns. The context
+// package looks for this method: with it, a context derived from c
+// (WithCancel, WithTimeout, as an HTTP transport makes for every request)
+// links to c without a goroutine of its own waiting on c.Done.
 func (c *claimCtx) AfterFunc(f func()) (stop func() bool) {
 	a := &afterCall{f: f}
 	c.mu.Lock()
-	if c.lost {
+	if c.ended {
 		c.mu.Unlock()
 		a.run()
 		return a.stop
@@ -396,7 +403,7 @@ func (c *claimCtx) AfterFunc(f func()) (stop func() bool) {
 	c.afters = append(c.afters, a)
 	c.mu.Unlock()
 	if c.Context.Done() == nil {
-		// The parent is never done (a detached request): only the lease
+		// The parent is never done (a detached request): only the claim
 		// can end c, and linking to the parent would cost two allocations
 		// for nothing.
 		return a.stop
@@ -431,12 +438,22 @@ func (c *claimCtx) Value(key any) any {
 
 func (c *claimCtx) Done() <-chan struct{} {
 	c.mu.Lock()
+	d := c.done
+	c.mu.Unlock()
+	if d != nil {
+		return d
+	}
+	// The parent is asked before c is locked, as everywhere: its methods
+	// may take locks of their own.
+	perr := c.Context.Err()
+	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.done == nil {
 		c.done = make(chan struct{})
-		if c.lost {
-			close(c.done)
-		} else if c.Context.Done() != nil {
+		// Closed at once if c has an error (it ended, or its parent is
+		// done), not from a goroutine later: Err already says so.
+		c.setErrLocked(perr)
+		if c.err == nil && c.Context.Done() != nil {
 			c.stopFn = context.AfterFunc(c.Context, c.closeDone)
 		}
 	}
@@ -444,12 +461,24 @@ func (c *claimCtx) Done() <-chan struct{} {
 }
 
 func (c *claimCtx) closeDone() {
+	perr := c.Context.Err()
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	select {
-	case <-c.done:
-	default:
-		close(c.done)
+	c.setErrLocked(perr)
+}
+
+// setErrLocked makes err c's error unless it has one, and closes done if
+// c has an error now. c is locked.
+func (c *claimCtx) setErrLocked(err error) {
+	if c.err == nil {
+		c.err = err
+	}
+	if c.err != nil && c.done != nil {
+		select {
+		case <-c.done:
+		default:
+			close(c.done)
+		}
 	}
 }
 
@@ -457,49 +486,48 @@ func (c *claimCtx) Err() error {
 	perr := c.Context.Err()
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.err == nil {
-		c.err = perr
-	}
+	c.setErrLocked(perr)
 	return c.err
 }
 
-// loseLease cancels fn's context. proven is true when the store rejected a
-// renewal, false when the lease ran out while the store could not be reached.
-func (c *claimCtx) loseLease(proven bool) {
-	perr := c.Context.Err() // a parent done first stays the reason
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.lost = true
-	if c.err == nil {
-		c.err = perr
+// endLocked ends c whatever its parent: c is locked, perr is the parent's
+// Err read before (a parent done first stays the reason).
+func (c *claimCtx) endLocked(perr error) {
+	c.ended = true
+	if perr == nil {
+		perr = context.Canceled
 	}
-	if c.err == nil {
-		c.err = context.Canceled
-	}
-	c.proven = c.proven || proven
-	if c.done != nil {
-		select {
-		case <-c.done:
-		default:
-			close(c.done)
-		}
-	}
+	c.setErrLocked(perr)
 	for _, a := range c.afters {
 		a.run()
 	}
 	c.afters = nil
 }
 
-// finish unlinks c from its parent's cancellation once fn has returned and
-// renewals have stopped, and reports whether the store rejected a renewal.
-// A lease that only ran out on the clock is not reported: Complete's token
-// check decides.
+// loseLease cancels fn's context. proven is true when the store rejected a
+// renewal, false when the lease ran out while the store could not be reached.
+func (c *claimCtx) loseLease(proven bool) {
+	perr := c.Context.Err()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.proven = c.proven || proven
+	c.endLocked(perr)
+}
+
+// finish ends c once fn has returned and renewals have stopped, as net/http
+// ends a request's context when its handler returns: what fn left running
+// with c (a goroutine, a derived context) is told to stop, and c no longer
+// waits on its parent (a long-lived parent would otherwise hold every
+// claim that ever asked for Done). It reports whether the store rejected a
+// renewal; a lease that only ran out on the clock is not reported:
+// Complete's token check decides.
 func (c *claimCtx) finish() (leaseLost bool) {
+	perr := c.Context.Err()
 	c.mu.Lock()
 	stop := c.stopFn
 	c.stopFn = nil
 	leaseLost = c.proven
-	c.afters = nil // no lease to lose any more
+	c.endLocked(perr)
 	c.mu.Unlock()
 	if stop != nil {
 		stop()

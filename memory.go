@@ -33,9 +33,9 @@ type MemoryOptions struct {
 // them; use an engine store (boltstore, redisstore, pgstore) for that.
 type MemoryStore struct {
 	// Fault, when set before the store is used, is called at the start of
-	// each operation with its name ("begin", "complete", "extend",
-	// "release", "get", "delete"). A non-nil error fails the operation with
-	// ErrUnavailable and changes nothing. It is the seed's fault hook; the
+	// each operation whose ctx is not done, with its name ("begin",
+	// "complete", "extend", "release", "get", "delete"). A non-nil error
+	// fails the operation with ErrUnavailable and changes nothing. It is the seed's fault hook; the
 	// faultstore package offers a richer one for any Store.
 	Fault func(op string) error
 
