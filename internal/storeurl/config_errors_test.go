@@ -48,14 +48,8 @@ func TestMalformedQueryRejected(t *testing.T) {
 		"redis://127.0.0.1:1/0?max_retries=-1&dial_timeout=100ms&prefix=50%off",
 		"redis+cluster://127.0.0.1:1,127.0.0.1:2?max_retries=-1&dial_timeout=100ms&prefix=a;b",
 	} {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		s, c, err := Open(ctx, raw, Options{})
-		cancel()
-		if c != nil {
-			c.Close()
-		}
-		if !errors.Is(err, idempotency.ErrInvalidConfig) {
-			t.Errorf("Open(%q) = %T, %v; want ErrInvalidConfig", raw, s, err)
+		err := wantInvalid(t, raw)
+		if err == nil {
 			continue
 		}
 		if strings.Contains(err.Error(), "zz") || strings.Contains(err.Error(), "off") {
@@ -92,4 +86,22 @@ func TestBoltLockedSaysSo(t *testing.T) {
 	case <-time.After(30 * time.Second):
 		t.Fatal("second Open of a held bolt file still waits after 30s")
 	}
+}
+
+// wantInvalid opens raw, which must fail with ErrInvalidConfig, closing
+// whatever it opened; it returns the error, or nil after reporting a
+// different answer.
+func wantInvalid(t *testing.T, raw string) error {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	s, c, err := Open(ctx, raw, Options{})
+	cancel()
+	if c != nil {
+		c.Close()
+	}
+	if !errors.Is(err, idempotency.ErrInvalidConfig) {
+		t.Errorf("Open(%q) = %T, %v; want ErrInvalidConfig", raw, s, err)
+		return nil
+	}
+	return err
 }

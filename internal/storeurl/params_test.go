@@ -2,13 +2,10 @@ package storeurl
 
 import (
 	"context"
-	"errors"
 	"testing"
 	"time"
 
 	"github.com/redis/go-redis/v9"
-
-	"github.com/archlab/idempotency"
 )
 
 // TestClusterSchemeCaseInsensitive: schemes are case-insensitive (RFC
@@ -52,14 +49,6 @@ func TestEmptyOwnParamRejected(t *testing.T) {
 		"postgres://127.0.0.1:1/x?schema=idem&table=",
 		"postgres://127.0.0.1:1/x?clock=",
 	} {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		s, c, err := Open(ctx, raw, Options{})
-		cancel()
-		if c != nil {
-			c.Close()
-		}
-		if !errors.Is(err, idempotency.ErrInvalidConfig) {
-			t.Errorf("Open(%q) = %T, %v; want ErrInvalidConfig", raw, s, err)
-		}
+		wantInvalid(t, raw)
 	}
 }
