@@ -53,6 +53,14 @@ const (
 //     tenths of Lease; negative disables renewal (the seed's behaviour).
 //   - OnRenew (nil: none) is called after every renewal attempt, with its
 //     error, from the renewing goroutine.
+//   - Timeout (0: none) bounds each run of fn, counted from its claim by
+//     the local clock: once it has passed, fn's ctx is done with
+//     context.DeadlineExceeded, and its Deadline says when. Whatever fn
+//     then returns is handled as always: an error keeps the claim until
+//     its lease ends (fn may have had effects before it stopped) unless it
+//     is Retryable; a response is stored. It costs no timer of its own: the
+//     renewal timer also keeps the timeout, which makes it cheaper than a
+//     context.WithTimeout inside fn.
 type Guard struct {
 	Store      Store
 	Lease      time.Duration
@@ -60,6 +68,7 @@ type Guard struct {
 	Now        func() time.Time
 	RenewEvery time.Duration
 	OnRenew    func(key string, err error)
+	Timeout    time.Duration
 }
 
 // Options configure NewGuard; nil means all defaults. The zero value of
@@ -70,6 +79,7 @@ type Options struct {
 	Now        func() time.Time
 	RenewEvery time.Duration
 	OnRenew    func(key string, err error)
+	Timeout    time.Duration
 }
 
 // NewGuard returns a Guard on store, with its options validated.
@@ -78,7 +88,7 @@ func NewGuard(store Store, opts *Options) (*Guard, error) {
 		opts = &Options{}
 	}
 	g := &Guard{Store: store, Lease: opts.Lease, Retention: opts.Retention, Now: opts.Now,
-		RenewEvery: opts.RenewEvery, OnRenew: opts.OnRenew}
+		RenewEvery: opts.RenewEvery, OnRenew: opts.OnRenew, Timeout: opts.Timeout}
 	if _, err := g.config(); err != nil {
 		return nil, err
 	}
@@ -93,11 +103,11 @@ func (g *Guard) Validate() error {
 }
 
 type config struct {
-	lease, retention, renewEvery time.Duration
+	lease, retention, renewEvery, timeout time.Duration
 }
 
 func (g *Guard) config() (config, error) {
-	c := config{lease: g.Lease, retention: g.Retention, renewEvery: g.RenewEvery}
+	c := config{lease: g.Lease, retention: g.Retention, renewEvery: g.RenewEvery, timeout: g.Timeout}
 	if g.Store == nil {
 		return c, fmt.Errorf("%w: Guard.Store is nil", ErrInvalidConfig)
 	}
@@ -113,6 +123,11 @@ func (g *Guard) config() (config, error) {
 	switch {
 	case c.lease < 0:
 		return c, fmt.Errorf("%w: Lease %v is negative", ErrInvalidConfig, c.lease)
+	case c.renewEvery == 0:
+		// Lease/3 rounded down to nothing: renewal would silently be off.
+		return c, fmt.Errorf("%w: Lease %v is too short to be renewed (set RenewEvery negative to run without renewal)", ErrInvalidConfig, c.lease)
+	case c.timeout < 0:
+		return c, fmt.Errorf("%w: Timeout %v is negative", ErrInvalidConfig, c.timeout)
 	case c.retention < c.lease:
 		return c, fmt.Errorf("%w: Retention %v is shorter than Lease %v", ErrInvalidConfig, c.retention, c.lease)
 	case c.renewEvery >= c.lease-c.lease/10:
@@ -288,9 +303,12 @@ func (g *Guard) run(ctx context.Context, key, fingerprint string, fn func(contex
 func (g *Guard) execute(ctx context.Context, cfg config, key string, token uint64, sent time.Time, fn func(context.Context) (Response, error), res *Result) error {
 	*res = Result{Outcome: Executed, Token: token}
 	c := &claimCtx{Context: ctx, token: token}
+	if cfg.timeout > 0 {
+		c.deadline = sent.Add(cfg.timeout)
+	}
 	var r *renewer
-	if cfg.renewEvery > 0 {
-		// The renewer keeps its deadline on the local clock.
+	if cfg.renewEvery > 0 || cfg.timeout > 0 {
+		// The renewer keeps its deadlines on the local clock.
 		r = startRenewer(g, cfg, c, key, sent)
 	}
 	// Writes after fn must not be cut short by the caller going away: the
@@ -321,7 +339,12 @@ func (g *Guard) execute(ctx context.Context, cfg config, key string, token uint6
 		r.stop()
 	}
 	if c.finish() {
-		return fmt.Errorf("idempotency: result not stored: %w", ErrLeaseLost)
+		lost := fmt.Errorf("idempotency: result not stored: %w", ErrLeaseLost)
+		if ferr != nil {
+			// fn's own failure is kept: it may say more than the lease.
+			return errors.Join(lost, ferr)
+		}
+		return lost
 	}
 	if ferr != nil {
 		if IsRetryable(ferr) {
@@ -370,7 +393,8 @@ type claimKey struct{}
 // context package, closes Done as soon as Err sees it.
 type claimCtx struct {
 	context.Context
-	token uint64
+	token    uint64
+	deadline time.Time // Guard.Timeout's, by the local clock (zero: none)
 
 	mu     sync.Mutex
 	done   chan struct{}
@@ -434,6 +458,15 @@ func (c *claimCtx) Value(key any) any {
 		return c
 	}
 	return c.Context.Value(key)
+}
+
+// Deadline is the earlier of the parent's and Guard.Timeout's.
+func (c *claimCtx) Deadline() (time.Time, bool) {
+	d, ok := c.Context.Deadline()
+	if c.deadline.IsZero() || ok && d.Before(c.deadline) {
+		return d, ok
+	}
+	return c.deadline, true
 }
 
 func (c *claimCtx) Done() <-chan struct{} {
@@ -514,6 +547,17 @@ func (c *claimCtx) loseLease(proven bool) {
 	c.endLocked(perr)
 }
 
+// timeOut cancels fn's context when Guard.Timeout has passed.
+func (c *claimCtx) timeOut() {
+	perr := c.Context.Err()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if perr == nil {
+		perr = context.DeadlineExceeded
+	}
+	c.endLocked(perr)
+}
+
 // finish ends c once fn has returned and renewals have stopped, as net/http
 // ends a request's context when its handler returns: what fn left running
 // with c (a goroutine, a derived context) is told to stop, and c no longer
@@ -562,6 +606,7 @@ type renewer struct {
 	c        *claimCtx
 	key      string
 	deadline time.Time // when fn must stop by the local clock unless renewed; see leaseDeadline
+	stopAt   time.Time // Guard.Timeout's deadline (zero: none)
 }
 
 var renewers = sync.Pool{New: func() any { return newRenewer(true) }}
@@ -573,8 +618,9 @@ func newRenewer(pooled bool) *renewer {
 	return r
 }
 
-// startRenewer starts renewing c's claim; now is the local clock's reading
-// at the claim (time.Now).
+// startRenewer starts renewing c's claim, and keeping Guard.Timeout; now is
+// the local clock's reading at the claim (time.Now). With renewal off
+// (cfg.renewEvery < 0) it keeps only the timeout.
 func startRenewer(g *Guard, cfg config, c *claimCtx, key string, now time.Time) *renewer {
 	var r *renewer
 	if now == now.Round(0) {
@@ -585,9 +631,27 @@ func startRenewer(g *Guard, cfg config, c *claimCtx, key string, now time.Time) 
 	r.mu.Lock()
 	r.g, r.cfg, r.c, r.key = g, cfg, c, key
 	r.deadline = leaseDeadline(now, cfg.lease)
+	r.stopAt = c.deadline
 	r.mu.Unlock()
-	r.t.Reset(cfg.renewEvery)
+	next := cfg.renewEvery
+	if cfg.timeout > 0 && (next < 0 || cfg.timeout < next) {
+		next = cfg.timeout
+	}
+	r.t.Reset(next)
 	return r
+}
+
+// due bounds a wait of d (d < 0: no renewal due) by the time left before
+// the timeout. r is locked.
+func (r *renewer) due(d time.Duration) time.Duration {
+	if r.stopAt.IsZero() {
+		return d
+	}
+	left := max(time.Until(r.stopAt), 0)
+	if d < 0 || left < d {
+		return left
+	}
+	return d
 }
 
 // stop is idempotent: the first call returns the renewer to the pool.
@@ -601,7 +665,7 @@ func (r *renewer) stop() {
 	r.cancelMu.Unlock()
 	r.mu.Lock()
 	active := r.c != nil
-	r.g, r.c, r.key = nil, nil, ""
+	r.g, r.c, r.key, r.stopAt = nil, nil, "", time.Time{}
 	r.mu.Unlock()
 	r.cancelMu.Lock()
 	r.stopping = false
@@ -627,7 +691,26 @@ func (r *renewer) fire() {
 		return // a stale firing after stop
 	}
 	g, c, cfg := r.g, r.c, r.cfg
+	if !r.stopAt.IsZero() && !time.Now().Before(r.stopAt) {
+		// Guard.Timeout has passed. Renewals go on while fn winds down:
+		// its result is still stored if it comes.
+		c.timeOut()
+		r.stopAt = time.Time{}
+	}
+	if cfg.renewEvery < 0 {
+		if !r.stopAt.IsZero() {
+			r.t.Reset(r.due(-1))
+		}
+		return
+	}
 	left := time.Until(r.deadline)
+	// The renewal is due renewEvery after the last one was sent, and the
+	// deadline is lease - lease/10 after it (leaseDeadline).
+	if untilDue := left - (cfg.lease - cfg.lease/10) + cfg.renewEvery; untilDue > 0 {
+		// Woken for the timeout before the renewal is due.
+		r.t.Reset(r.due(untilDue))
+		return
+	}
 	if left <= 0 {
 		// The lease has run out by the local clock without a renewal:
 		// another holder may take over from now on, so fn must stop now,
@@ -666,7 +749,7 @@ func (r *renewer) fire() {
 	switch {
 	case err == nil:
 		r.deadline = leaseDeadline(local, cfg.lease)
-		r.t.Reset(cfg.renewEvery)
+		r.t.Reset(r.due(cfg.renewEvery))
 	case errors.Is(err, ErrLeaseLost):
 		c.loseLease(true)
 	default:
@@ -679,6 +762,6 @@ func (r *renewer) fire() {
 		if next < cfg.renewEvery/8 {
 			next = max(0, left)
 		}
-		r.t.Reset(next)
+		r.t.Reset(r.due(next))
 	}
 }
