@@ -12,7 +12,11 @@
 // schema that a newer build migrated further than it knows (so an old
 // binary that runs Migrate at startup stops instead of misreading it), and
 // when a name it would create is taken, by another store in the schema
-// whose Table is one of its derived names or by the application.
+// whose Table is one of its derived names or by the application. A
+// process that leaves migrating to deploy time calls Store.CheckSchema at
+// startup instead: it fails with ErrInvalidConfig, also changing nothing,
+// unless the schema is at the version its build needs.
+//
 // One row per key holds the state, the fencing token (drawn from the
 // sequence <table>_token_seq, so tokens strictly increase per key across
 // takeover, release, deletion and expiry), the lease and window ends as

@@ -73,6 +73,38 @@ func (s *Store) SchemaVersion(ctx context.Context) (current, latest int, err err
 	return current, len(steps), nil
 }
 
+// CheckSchema fails unless the schema is at the version this build needs,
+// for a process that does not run Migrate itself (it was run at deploy
+// time): with ErrInvalidConfig when the schema was never migrated or is at
+// an older version (run Migrate first), or when a newer build migrated it
+// (run a build that knows its version); with ErrUnavailable when the
+// database cannot be asked. It changes nothing, and is one query, so that
+// a process finds a schema it cannot use at startup rather than at its
+// first request.
+func (s *Store) CheckSchema(ctx context.Context) error {
+	current, latest, err := s.SchemaVersion(ctx)
+	switch {
+	case err != nil:
+		return err
+	case current > latest:
+		return fmt.Errorf("pgstore: schema check: %w", s.newerSchema(current, latest))
+	case current < latest:
+		was := fmt.Sprintf("at schema version %d", current)
+		if current == 0 {
+			was = "not migrated (schema version 0)"
+		}
+		return fmt.Errorf("pgstore: schema check: %w: table %s is %s, and this build of pgstore needs version %d: "+
+			"migrate it first (Store.Migrate)", idempotency.ErrInvalidConfig, s.names.Replace("{{table}}"), was, latest)
+	}
+	return nil
+}
+
+func (s *Store) newerSchema(current, latest int) error {
+	return fmt.Errorf("%w: table %s is at schema version %d, and this build of pgstore knows only up to version %d: "+
+		"a newer build migrated it; run a build that knows version %d",
+		idempotency.ErrInvalidConfig, s.names.Replace("{{table}}"), current, latest, current)
+}
+
 // querier is a pool or a transaction.
 type querier interface {
 	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
@@ -242,9 +274,7 @@ func (s *Store) migrateOne(ctx context.Context, steps []string) (done bool, err 
 		return false, err
 	}
 	if current > len(steps) {
-		return false, fmt.Errorf("%w: table %s is at schema version %d, newer than the %d this build of pgstore knows: "+
-			"a newer build migrated it; run a build that knows version %d",
-			idempotency.ErrInvalidConfig, s.names.Replace("{{table}}"), current, len(steps), current)
+		return false, s.newerSchema(current, len(steps))
 	}
 	if current < len(steps) {
 		if err := s.checkFree(ctx, tx, current+1); err != nil {

@@ -93,8 +93,14 @@ func TestBoltLockedSaysSo(t *testing.T) {
 // different answer.
 func wantInvalid(t *testing.T, raw string) error {
 	t.Helper()
+	return wantInvalidWith(t, raw, Options{})
+}
+
+// wantInvalidWith is wantInvalid with opts.
+func wantInvalidWith(t *testing.T, raw string, opts Options) error {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	s, c, err := Open(ctx, raw, Options{})
+	s, c, err := Open(ctx, raw, opts)
 	cancel()
 	if c != nil {
 		c.Close()

@@ -28,6 +28,21 @@
 //
 // For example redis://127.0.0.1:6379/0?prefix=orders:&clock=server or
 // postgres://app@db/app?sslmode=require&schema=idem.
+//
+// The other query parameters of a postgres URL go to pgx: its own options
+// (sslmode, connect_timeout, pool_max_conns, ...) and, for any name pgx
+// does not know, a server setting sent when connecting (application_name,
+// statement_timeout, search_path, an extension's ext.name). Which settings
+// exist depends on the server, so Open lets them through, except that it
+// refuses, naming it, prefix and any name without a dot within two typos
+// of schema, table or clock (Schema, tabel, shema, clocks). The server
+// refuses a setting it does not know, or a bad value, when Open connects;
+// Open reports that as a configuration error too. (search_path does not
+// place the store: schema= does.)
+//
+// A postgres Open always connects: with Options.Migrate it migrates the
+// schema, without it checks that the schema is at the version this build
+// needs (pgstore's CheckSchema).
 package storeurl
 
 import (
@@ -39,6 +54,7 @@ import (
 	"net/url"
 	"strings"
 
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
 	bolterrors "go.etcd.io/bbolt/errors"
@@ -51,8 +67,11 @@ import (
 
 // Options configure Open. The zero value is usable.
 type Options struct {
-	// Migrate runs pgstore's Migrate after opening a postgres store (false:
-	// the schema must exist already). Other stores ignore it.
+	// Migrate runs pgstore's Migrate after opening a postgres store. False:
+	// the schema must be migrated already, and Open fails with
+	// ErrInvalidConfig unless it is at the version this build needs (never
+	// migrated or older: migrate it; newer: a newer build migrated it).
+	// Other stores ignore it.
 	Migrate bool
 	// Logger receives the engines' warnings, such as redisstore's about an
 	// evicting maxmemory-policy (nil: slog.Default()).
@@ -284,6 +303,9 @@ func openPostgres(ctx context.Context, rawURL string, opts Options) (idempotency
 	default:
 		return nil, nil, invalid("clock=%q: want caller or server", p["clock"])
 	}
+	if err := checkPostgresParams(u); err != nil {
+		return nil, nil, err
+	}
 	cfg, err := pgxpool.ParseConfig(u.String())
 	if err != nil {
 		return nil, nil, invalid("%v", err)
@@ -298,13 +320,102 @@ func openPostgres(ctx context.Context, rawURL string, opts Options) (idempotency
 		pool.Close()
 		return nil, nil, fmt.Errorf("storeurl: %w", err)
 	}
+	// Either way Open connects, so that an unreachable server, a refused
+	// parameter or a schema this build cannot use stops the caller at
+	// startup rather than at its first request.
+	check, what := s.CheckSchema, "without Options.Migrate (idemproxy -migrate=false)"
 	if opts.Migrate {
-		if err := s.Migrate(ctx); err != nil {
-			pool.Close()
-			return nil, nil, fmt.Errorf("storeurl: migrate: %w", err)
+		check, what = s.Migrate, "migrate"
+	}
+	if err := check(ctx); err != nil {
+		pool.Close()
+		if pe := refusedParam(err); pe != nil {
+			return nil, nil, fmt.Errorf("storeurl: %w: the server refused a query parameter of the store URL: %w",
+				idempotency.ErrInvalidConfig, pe)
 		}
+		return nil, nil, fmt.Errorf("storeurl: %s: %w", what, err)
 	}
 	return s, closer, nil
+}
+
+// ownPostgresParams are the query parameters of the postgres form that
+// Open takes for itself.
+var ownPostgresParams = []string{"schema", "table", "clock"}
+
+// checkPostgresParams refuses, by name, a query parameter that is a near
+// miss of one of ownPostgresParams or is the redis form's prefix.
+//
+// Every other name is left to pgx, which passes each one it does not know
+// to the server as a setting (application_name, search_path,
+// statement_timeout, an extension's pg_stat_statements.track, ...). Which
+// settings exist depends on the server's version and extensions, and any
+// name with a dot is a valid custom setting, so no list here could refuse
+// the rest without refusing some good ones; the server refuses an unknown
+// setting at connect, which Open does (see refusedParam). A near miss is
+// no server's setting (TestNearMissSparesKnownNames checks pg_settings),
+// only a mistake that would otherwise surface as a failed connection.
+func checkPostgresParams(u *url.URL) error {
+	q, err := url.ParseQuery(u.RawQuery)
+	if err != nil {
+		return invalid("the query is malformed (%v)", err) // takeParams parsed it already
+	}
+	for name := range q {
+		if strings.Contains(name, ".") {
+			continue // a custom setting: ext.name
+		}
+		lower := strings.ToLower(name)
+		if lower == "prefix" {
+			return invalid("query parameter %q is for redis stores; a postgres store is placed by schema= and table=", name)
+		}
+		for _, own := range ownPostgresParams {
+			if editDistance(lower, own) <= 2 {
+				return invalid("unknown query parameter %q: did you mean %q?", name, own)
+			}
+		}
+	}
+	return nil
+}
+
+// editDistance is the number of single-byte insertions, deletions,
+// substitutions and transpositions of adjacent bytes that turn a into b
+// (optimal string alignment).
+func editDistance(a, b string) int {
+	prev2 := make([]int, len(b)+1)
+	prev := make([]int, len(b)+1)
+	cur := make([]int, len(b)+1)
+	for j := range prev {
+		prev[j] = j
+	}
+	for i := 1; i <= len(a); i++ {
+		cur[0] = i
+		for j := 1; j <= len(b); j++ {
+			cost := 1
+			if a[i-1] == b[j-1] {
+				cost = 0
+			}
+			cur[j] = min(prev[j]+1, cur[j-1]+1, prev[j-1]+cost)
+			if i > 1 && j > 1 && a[i-1] == b[j-2] && a[i-2] == b[j-1] {
+				cur[j] = min(cur[j], prev2[j-2]+1)
+			}
+		}
+		prev2, prev, cur = prev, cur, prev2
+	}
+	return prev[len(b)]
+}
+
+// refusedParam returns the server's error when it refused to start a
+// session because of a setting the URL passed through pgx: an unknown one
+// (SQLSTATE 42704, "unrecognized configuration parameter") or a bad value
+// (22023). It names the parameter; a configuration error, not an outage.
+func refusedParam(err error) *pgconn.PgError {
+	var (
+		ce *pgconn.ConnectError
+		pe *pgconn.PgError
+	)
+	if !errors.As(err, &ce) || !errors.As(ce, &pe) || pe.Code != "42704" && pe.Code != "22023" {
+		return nil
+	}
+	return pe
 }
 
 // encodeHint is what to do about a password that ends the authority early.

@@ -136,13 +136,9 @@ func TestRedisCluster(t *testing.T) {
 
 func TestPostgres(t *testing.T) {
 	url, _ := testenv.PostgresStoreURL(t, "t")
-	ctx := context.Background()
 	raw := url + "&table=keys"
-	// Without Migrate the schema is not created, so the store fails.
-	bare := open(t, raw, Options{})
-	if _, _, err := bare.Begin(ctx, "k", "fp", time.Now(), time.Minute, time.Hour); err == nil {
-		t.Fatal("Begin on an unmigrated schema succeeded")
-	}
+	// Without Migrate the schema is not created, so Open fails.
+	wantInvalidWith(t, raw, Options{})
 	s := open(t, raw, Options{Migrate: true})
 	roundTrip(t, s, "k")
 	// postgresql:// is the same form.
