@@ -11,8 +11,16 @@
 // Script.Run falls back to EVAL, which loads the script, on NOSCRIPT), and
 // Delete is one HDEL, followed by a PUBLISH of the key on the channel
 // Prefix+"deleted" for the replay caches of other processes
-// (Store.WatchDeletes feeds an idempotency.ReplayCache). A new request therefore costs two round trips
-// (Begin, Complete) and a replay one.
+// (Store.WatchDeletes feeds an idempotency.ReplayCache). A new request
+// therefore costs two round trips (Begin, Complete) and a replay one.
+//
+// The PUBLISH goes to the node that holds the key, which has just answered
+// the HDEL: on Cluster the key's master (go-redis would send the keyless
+// PUBLISH to any master, maybe one that is down or failing over), and Redis
+// Cluster passes the message on to the subscribers on every node; on a Ring
+// the key's shard, and since a Ring's shards share nothing, WatchDeletes
+// subscribes on each live shard. Where the node cannot be told (no slot map
+// yet, no live shard) go-redis routes the PUBLISH itself.
 //
 // Under load, round trips are shared: operations that arrive while another
 // is on the wire wait for it and then go out together, as one pipeline, so

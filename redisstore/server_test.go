@@ -213,3 +213,81 @@ func sum(m map[string]int64) int64 {
 	}
 	return n
 }
+
+// privateCluster is a Redis Cluster of two private masters without
+// replicas: the first holds slots 0-8191, the second 8192-16383. A node
+// that misses the other for 500 ms marks it failing.
+type privateCluster struct {
+	nodes  []*privateServer
+	admin  []*redis.Client // one per node
+	ids    []string        // the nodes' IDs
+	ranges [][2]int        // the nodes' slots, first and last
+}
+
+func startPrivateCluster(t testing.TB) *privateCluster {
+	t.Helper()
+	args := []string{"--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf", "--cluster-node-timeout", "500"}
+	pc := &privateCluster{ranges: [][2]int{{0, 8191}, {8192, 16383}}}
+	ctx := context.Background()
+	for i := range pc.ranges {
+		ps := startPrivateServer(t, args...)
+		c := ps.client(t)
+		id, err := c.Do(ctx, "cluster", "myid").Text()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := c.Do(ctx, "cluster", "addslotsrange", pc.ranges[i][0], pc.ranges[i][1]).Err(); err != nil {
+			t.Fatal(err)
+		}
+		pc.nodes, pc.admin, pc.ids = append(pc.nodes, ps), append(pc.admin, c), append(pc.ids, id)
+	}
+	if err := pc.admin[0].Do(ctx, "cluster", "meet", "127.0.0.1", pc.nodes[1].port).Err(); err != nil {
+		t.Fatal(err)
+	}
+	pc.waitOK(t, pc.admin...)
+	return pc
+}
+
+// waitOK waits (bounded) until each of cs reports cluster_state:ok.
+func (pc *privateCluster) waitOK(t testing.TB, cs ...*redis.Client) {
+	t.Helper()
+	ctx := context.Background()
+	deadline := time.Now().Add(10 * time.Second)
+	for _, c := range cs {
+		for {
+			info, _ := c.ClusterInfo(ctx).Result()
+			if strings.Contains(info, "cluster_state:ok") {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("private cluster not ok:\n%s", info)
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+}
+
+// addrs returns the nodes' addresses.
+func (pc *privateCluster) addrs() []string {
+	var a []string
+	for _, n := range pc.nodes {
+		a = append(a, n.addr())
+	}
+	return a
+}
+
+// node returns the index of the node that holds key's slot.
+func (pc *privateCluster) node(t testing.TB, key string) int {
+	t.Helper()
+	slot, err := pc.admin[0].ClusterKeySlot(context.Background(), key).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, r := range pc.ranges {
+		if int(slot) >= r[0] && int(slot) <= r[1] {
+			return i
+		}
+	}
+	t.Fatalf("slot %d of %q is in no node's range", slot, key)
+	return -1
+}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -514,15 +515,36 @@ func (s *Store) Delete(ctx context.Context, key string) error {
 	// The record is gone either way: a lost announcement only leaves
 	// those caches to their TTL. A caller that stops waiting now does not
 	// take the announcement with it; the deadline still bounds it, and
-	// without ContextTimeoutEnabled it is waited for apart, as the HDEL is
-	// (it may go to another node: Cluster and Ring route it by channel).
+	// without ContextTimeoutEnabled it is waited for apart, as the HDEL is.
 	dl, _ := ctx.Deadline()
 	pctx, pcancel := context.WithDeadline(context.WithoutCancel(ctx), dl)
 	defer pcancel()
 	_, _ = s.bounded(pctx, func(ctx context.Context) (any, error) {
-		return nil, s.c.Publish(ctx, s.deletesChannel(), key).Err()
+		return nil, s.announcer(ctx, k).Publish(ctx, s.deletesChannel(), key).Err()
 	})
 	return nil
+}
+
+// announcer returns the client that announces the deletion of the Redis
+// key k: on a Cluster or a Ring, the node that holds k, which has just
+// answered the HDEL. A Cluster's client would send the keyless PUBLISH to
+// any master, maybe one that is down or failing over while k's is not;
+// every node passes a message on to the subscribers of the whole cluster.
+// A Ring's shards share nothing, so WatchDeletes listens on each of them.
+// Where the node cannot be told (no slot map yet, no live shard), the
+// client routes the PUBLISH itself.
+func (s *Store) announcer(ctx context.Context, k string) redis.UniversalClient {
+	switch c := s.c.(type) {
+	case *redis.ClusterClient:
+		if n, err := c.MasterForKey(ctx, k); err == nil {
+			return n
+		}
+	case *redis.Ring:
+		if n, err := c.GetShardClientForKey(k); err == nil {
+			return n
+		}
+	}
+	return s.c
 }
 
 // bounded runs f, returning by ctx's deadline: on the caller's goroutine
@@ -567,21 +589,29 @@ var (
 // cache's TTL runs out, which stays the bound on staleness. forget, reset
 // and report run on WatchDeletes's goroutine, one at a time.
 //
-// WatchDeletes holds one connection of its own (a pub/sub subscription);
-// on a Cluster, PUBLISH reaches every node, so any one will do. An ACL
-// user needs SUBSCRIBE and PUBLISH on the channel Prefix+"deleted" (for
-// example &idem:deleted); a Delete whose announcement is refused still
-// succeeds, and says nothing. When ctx ends WatchDeletes returns at once,
-// or, while it is connecting to or pinging a server that does not answer,
-// when that exchange times out: within OpTimeout with a client whose
-// ContextTimeoutEnabled is set (15 s for the connection go-redis makes
-// again by itself after a broken receive), else within the client's
-// ReadTimeout.
+// Delete announces through the node that holds the key, which has just
+// answered its HDEL. WatchDeletes holds one connection of its own (a
+// pub/sub subscription): on a Cluster every node passes a message on to
+// all, so one subscription anywhere hears every master. A Ring's shards
+// share nothing: there it holds one subscription on each live shard, all
+// made again (with a reset, since announcements on a shard it did not
+// listen on were missed) when the ring marks a shard down or up or its
+// addresses change. An ACL user needs SUBSCRIBE and PUBLISH on the channel
+// Prefix+"deleted" (for example &idem:deleted); a Delete whose announcement
+// is refused still succeeds, and says nothing. When ctx ends WatchDeletes
+// returns at once, or, while it is connecting to or pinging a server that
+// does not answer, when that exchange times out: within OpTimeout with a
+// client whose ContextTimeoutEnabled is set (15 s for the connection
+// go-redis makes again by itself after a broken receive), else within the
+// client's ReadTimeout.
 func (s *Store) WatchDeletes(ctx context.Context, forget func(key string), reset func(), report func(error)) error {
 	for {
 		err := s.watchOnce(ctx, forget, reset)
 		if ctx.Err() != nil {
 			return ctx.Err()
+		}
+		if errors.Is(err, errShardsChanged) {
+			continue // nothing failed: listen on the new shards at once
 		}
 		if report != nil {
 			report(fmt.Errorf("redisstore: watch deletes: %w", err))
@@ -601,12 +631,91 @@ func (s *Store) WatchDeletes(ctx context.Context, forget func(key string), reset
 	}
 }
 
+// errShardsChanged ends a Ring's subscriptions when its live shards are
+// no longer those it listens on.
+var errShardsChanged = errors.New("the ring's live shards changed")
+
 // watchOnce runs one subscription until it fails or ctx ends; it never
 // returns a nil error.
 func (s *Store) watchOnce(ctx context.Context, forget func(string), reset func()) error {
+	if ring, ok := s.c.(*redis.Ring); ok {
+		return s.watchRing(ctx, ring, forget, reset)
+	}
+	return s.receive(ctx, s.c, reset, forget)
+}
+
+// watchRing subscribes on each live shard of ring, each on a goroutine of
+// its own, and passes on what they receive until one fails, the live
+// shards change (one is marked down or up again, or SetAddrs), or ctx
+// ends. reset is called once every shard has confirmed its subscription.
+func (s *Store) watchRing(ctx context.Context, ring *redis.Ring, forget func(string), reset func()) error {
+	shards := ring.GetShardClients()
+	if len(shards) == 0 {
+		return errors.New("no live shard in the ring")
+	}
+	type event struct {
+		shard int
+		key   string
+		sub   bool // the shard's subscription is made
+		err   error
+	}
+	events := make(chan event)
+	ctx, cancel := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	defer cancel()
+	for i, c := range shards {
+		send := func(e event) {
+			e.shard = i
+			select {
+			case events <- e:
+			case <-ctx.Done():
+			}
+		}
+		wg.Go(func() {
+			err := s.receive(ctx, c, func() { send(event{sub: true}) }, func(k string) { send(event{key: k}) })
+			send(event{err: err})
+		})
+	}
+	// The ring's heartbeat decides which shards are live; look as often.
+	tick := time.NewTicker(ring.Options().HeartbeatFrequency)
+	defer tick.Stop()
+	subscribed := make([]bool, len(shards))
+	pending := len(shards)
+	for {
+		select {
+		case e := <-events:
+			switch {
+			case e.err != nil:
+				return e.err
+			case e.sub:
+				if !subscribed[e.shard] {
+					subscribed[e.shard] = true
+					pending--
+				}
+				if pending == 0 {
+					reset()
+				}
+			default:
+				forget(e.key)
+			}
+		case <-tick.C:
+			if !slices.Equal(shards, ring.GetShardClients()) {
+				return errShardsChanged
+			}
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+}
+
+// receive subscribes through c and passes on what comes, calling
+// subscribed each time the subscription is made, until it fails or ctx
+// ends; it never returns a nil error.
+func (s *Store) receive(ctx context.Context, c redis.UniversalClient, subscribed func(), forget func(string)) error {
 	// Without channels, no connection is made yet: the AfterFunc below is
 	// in place before the first exchange.
-	sub := s.c.Subscribe(ctx)
+	sub := c.Subscribe(ctx)
 	defer sub.Close()
 	// go-redis bounds I/O by deadlines, not by ctx: closing the
 	// subscription is what ends a receive under way. Close waits for an
@@ -649,7 +758,7 @@ func (s *Store) watchOnce(ctx context.Context, forget func(string), reset func()
 		switch m := msg.(type) {
 		case *redis.Subscription:
 			if m.Kind == "subscribe" {
-				reset()
+				subscribed()
 			}
 		case *redis.Message:
 			forget(m.Payload)

@@ -294,9 +294,9 @@ func TestWatchDeletesWithoutChannelPermission(t *testing.T) {
 }
 
 // TestDeleteAnnouncementBoundedWithoutContextTimeout: on a client without
-// ContextTimeoutEnabled (go-redis's default) whose PUBLISH goes to another
-// node than the HDEL (a Ring or Cluster routes it by channel), a paused
-// node holds Delete for OpTimeout, not for the client's ReadTimeout.
+// ContextTimeoutEnabled (go-redis's default), a node that stops answering
+// between the HDEL and the PUBLISH holds Delete for OpTimeout, not for the
+// client's ReadTimeout.
 func TestDeleteAnnouncementBoundedWithoutContextTimeout(t *testing.T) {
 	a, b := startPrivateServer(t), startPrivateServer(t)
 	ring := redis.NewRing(&redis.RingOptions{Addrs: map[string]string{"a": a.addr(), "b": b.addr()},
@@ -304,58 +304,51 @@ func TestDeleteAnnouncementBoundedWithoutContextTimeout(t *testing.T) {
 	t.Cleanup(func() { ring.Close() })
 	s := newStore(t, ring, Options{OpTimeout: 300 * time.Millisecond, Logger: discard()})
 	ctx := context.Background()
-	// Which shard takes the announcements, and a key on the other one.
-	ca, cb := a.client(t), b.client(t)
-	before := commandCalls(t, ca)["publish"]
-	if err := ring.Publish(ctx, s.deletesChannel(), "probe").Err(); err != nil {
+	const key = "k"
+	if _, _, err := s.Begin(ctx, key, "fp", time.Now(), time.Minute, time.Hour); err != nil {
 		t.Fatal(err)
 	}
-	channelNode, keyNode := b, ca
-	if commandCalls(t, ca)["publish"] > before {
-		channelNode, keyNode = a, cb
+	node, err := ring.GetShardClientForKey(s.Key(key))
+	if err != nil {
+		t.Fatal(err)
 	}
-	key := ""
-	for i := 0; key == ""; i++ {
-		k := "k" + strconv.Itoa(i)
-		if _, _, err := s.Begin(ctx, k, "fp", time.Now(), time.Minute, time.Hour); err != nil {
-			t.Fatal(err)
-		}
-		if keyNode.Exists(ctx, s.Key(k)).Val() == 1 {
-			key = k
-		}
+	paused := a
+	if node.Options().Addr == b.addr() {
+		paused = b
 	}
-	channelNode.signal(syscall.SIGSTOP)
-	t.Cleanup(func() { channelNode.signal(syscall.SIGCONT) })
+	node.AddHook(afterCommand{name: "hdel", do: func() { paused.signal(syscall.SIGSTOP) }})
+	t.Cleanup(func() { paused.signal(syscall.SIGCONT) })
 	start := time.Now()
-	err := s.Delete(ctx, key)
+	err = s.Delete(ctx, key)
 	took := time.Since(start)
 	if err != nil {
-		t.Errorf("Delete = %v, want nil (the key's node answered)", err)
+		t.Errorf("Delete = %v, want nil (the key's node answered the HDEL)", err)
 	}
 	if took > 2*time.Second {
-		t.Errorf("Delete took %v with OpTimeout 300ms (the announcement's node paused)", took)
+		t.Errorf("Delete took %v with OpTimeout 300ms (the node paused before the announcement)", took)
 	}
+	paused.signal(syscall.SIGCONT)
 	if _, err := s.Get(ctx, key, time.Now()); !errors.Is(err, idempotency.ErrNotFound) {
 		t.Errorf("Get after Delete = %v, want ErrNotFound", err)
 	}
 }
 
-// cancelAfter is a hook that cancels a context once a command of the
-// given name has been answered.
-type cancelAfter struct {
-	name   string
-	cancel context.CancelFunc
+// afterCommand is a hook that calls do once a command of the given name
+// has been answered.
+type afterCommand struct {
+	name string
+	do   func()
 }
 
-func (h cancelAfter) DialHook(next redis.DialHook) redis.DialHook { return next }
-func (h cancelAfter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+func (h afterCommand) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h afterCommand) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
 	return next
 }
-func (h cancelAfter) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+func (h afterCommand) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
 		err := next(ctx, cmd)
 		if cmd.Name() == h.name {
-			h.cancel()
+			h.do()
 		}
 		return err
 	}
@@ -371,7 +364,7 @@ func TestDeleteAnnouncesAfterCallerCancels(t *testing.T) {
 	c := sharedClient(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	c.AddHook(cancelAfter{name: "hdel", cancel: cancel})
+	c.AddHook(afterCommand{name: "hdel", do: cancel})
 	s := newStore(t, c, Options{Prefix: prefix})
 	if err := s.Delete(ctx, "k"); err != nil {
 		t.Fatal(err)
@@ -389,46 +382,11 @@ func TestDeleteAnnouncesAfterCallerCancels(t *testing.T) {
 // over its slots, the subscription is made again there, with a reset.
 func TestWatchDeletesClusterMigrationAndFailure(t *testing.T) {
 	setWatchTimes(t, time.Second, 100*time.Millisecond)
-	args := []string{"--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf", "--cluster-node-timeout", "500"}
-	nodes := []*privateServer{startPrivateServer(t, args...), startPrivateServer(t, args...)}
+	pc := startPrivateCluster(t)
+	nodes, admin, ids, ranges := pc.nodes, pc.admin, pc.ids, pc.ranges
 	ctx := context.Background()
-	admin := []*redis.Client{nodes[0].client(t), nodes[1].client(t)}
-	ids := make([]string, 2)
-	for i, c := range admin {
-		var err error
-		if ids[i], err = c.Do(ctx, "cluster", "myid").Text(); err != nil {
-			t.Fatal(err)
-		}
-	}
-	ranges := [][2]int{{0, 8191}, {8192, 16383}}
-	for i, c := range admin {
-		if err := c.Do(ctx, "cluster", "addslotsrange", ranges[i][0], ranges[i][1]).Err(); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if err := admin[0].Do(ctx, "cluster", "meet", "127.0.0.1", nodes[1].port).Err(); err != nil {
-		t.Fatal(err)
-	}
-	waitOK := func(cs ...*redis.Client) {
-		t.Helper()
-		deadline := time.Now().Add(10 * time.Second)
-		for _, c := range cs {
-			for {
-				info, _ := c.ClusterInfo(ctx).Result()
-				if strings.Contains(info, "cluster_state:ok") {
-					break
-				}
-				if time.Now().After(deadline) {
-					t.Fatalf("private cluster not ok:\n%s", info)
-				}
-				time.Sleep(20 * time.Millisecond)
-			}
-		}
-	}
-	waitOK(admin...)
 
-	cc := redis.NewClusterClient(&redis.ClusterOptions{Addrs: []string{nodes[0].addr(), nodes[1].addr()},
-		ContextTimeoutEnabled: true, MaxRetries: 2})
+	cc := redis.NewClusterClient(&redis.ClusterOptions{Addrs: pc.addrs(), ContextTimeoutEnabled: true, MaxRetries: 2})
 	t.Cleanup(func() { cc.Close() })
 	s := newStore(t, cc, Options{Logger: discard(), OpTimeout: 500 * time.Millisecond})
 	w := watch(t, s)
@@ -472,7 +430,7 @@ func TestWatchDeletesClusterMigrationAndFailure(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	waitOK(admin[y])
+	pc.waitOK(t, admin[y])
 	start := time.Now()
 	select {
 	case <-w.resets:
