@@ -11,8 +11,8 @@
 //
 // It prints progress, a table of checks with counts and the line
 // "N passed, M failed", and exits 0 when every check held, 1 when one did
-// not (with the seed and a command that repeats the run) and 2 on usage
-// errors. See README.md.
+// not or none was judged (with the seed and a command that repeats the
+// run) and 2 on usage errors. See README.md.
 package main
 
 import (
@@ -285,6 +285,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	if werr := rep.Write(stdout); werr != nil && err == nil {
 		err = werr
 	}
+	if err == nil {
+		err = judged(rep)
+	}
 	if err != nil {
 		fmt.Fprintln(stderr, "idemcheck:", err)
 	}
@@ -293,6 +296,19 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return exitFail
 	}
 	return exitOK
+}
+
+// errNothingJudged is the failure of a run whose report judged nothing.
+var errNothingJudged = errors.New("no check was judged (none ran, or every one was skipped): " +
+	"nothing about exactly-once was verified, so the run does not pass")
+
+// judged returns errNothingJudged if rep has no check that held or failed:
+// "0 passed, 0 failed" is no success.
+func judged(rep *verdict.Report) error {
+	if passed, failed := rep.Counts(); passed == 0 && failed == 0 {
+		return errNothingJudged
+	}
+	return nil
 }
 
 func runDemoMode(ctx context.Context, cfg *config, rep *verdict.Report, prog *progress, stderr io.Writer) error {

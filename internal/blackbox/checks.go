@@ -531,8 +531,12 @@ func (c *checker) checkLost(ctx context.Context) {
 	}
 }
 
-// checkScope: the same key under two credential sets runs for each, and
-// neither gets the other's answer.
+// checkScope: the same key under two credential sets is never one caller's
+// answer given to the other. The second caller's request runs for it
+// (keys scoped per caller), or is refused as a reuse of the key with 422
+// or 409 (keys global): either way nothing is shared and nothing runs
+// twice. A refusal passes with a note; the second caller's retry must
+// still not get the first caller's result.
 func (c *checker) checkScope(ctx context.Context) {
 	if len(c.cfg.Headers) < 2 {
 		c.rep.Skip(CheckScope, "only one credential set; give a second one to check that callers never share a key")
@@ -544,9 +548,11 @@ func (c *checker) checkScope(ctx context.Context) {
 		return
 	}
 	h0, h1 := c.cfg.Headers[0], c.cfg.Headers[1]
+	keys := 0
+	refusals := map[int]int{} // keys held by a refusal, by its status
 	for range min(c.cfg.Requests, 10) {
 		if ctx.Err() != nil {
-			return
+			break
 		}
 		req := c.next()
 		a, err := c.post(ctx, h0, req)
@@ -564,13 +570,17 @@ func (c *checker) checkScope(ctx context.Context) {
 			continue
 		}
 		var problems []string
+		refused := false
 		switch {
 		case c.sameResult(a, b):
 			problems = append(problems, fmt.Sprintf("the second caller got the first caller's result %s (the first caller's answer %s)", b, a))
 		case b.replayed():
 			problems = append(problems, fmt.Sprintf("the second caller's first request was answered as a replay: %s", b))
+		case c.refusesReuse(b.status):
+			refused = true // the key is global, and its reuse by another caller refused: safe
 		case !b.ok():
-			problems = append(problems, fmt.Sprintf("the second caller's first request answered %s, want 2xx: the key is shared", b))
+			problems = append(problems, fmt.Sprintf("the second caller's first request answered %s, want 2xx "+
+				"(run for it) or 422/409 (its reuse of the key refused)", b))
 		}
 		a2, err := c.settle(ctx, h0, req)
 		switch {
@@ -582,24 +592,52 @@ func (c *checker) checkScope(ctx context.Context) {
 		if len(problems) == 0 {
 			// The second caller's own result must replay to it, not the
 			// first caller's (a target may claim per caller but keep
-			// results per key).
-			b2, err := c.settle(ctx, h1, req)
+			// results per key). After a refusal it has no result of its
+			// own; its retry must still not get the first caller's (a
+			// 409 refusal is not waited out: nothing of its is in
+			// flight).
+			var b2 reply
+			if refused {
+				b2, err = c.post(ctx, h1, req)
+			} else {
+				b2, err = c.settle(ctx, h1, req)
+			}
 			switch {
 			case err != nil:
 				problems = append(problems, fmt.Sprintf("the second caller's retry failed: %v", err))
 			case c.sameResult(a, b2):
 				problems = append(problems, fmt.Sprintf("the second caller's retry got the first caller's result %s "+
 					"(its own first answer %s)", b2, b))
-			case !b2.same(b):
+			case !refused && !b2.same(b):
 				problems = append(problems, fmt.Sprintf("the second caller's retry answered %s%s, not its own %s", b2, c.inFlight(b2), b))
 			}
 		}
+		keys++
 		if len(problems) == 0 {
 			c.rep.Pass(CheckScope)
+			if refused {
+				refusals[b.status]++
+			}
 			continue
 		}
 		c.rep.Fail(CheckScope, "key %s: %s", req.key, strings.Join(problems, "; "))
 	}
+	if len(refusals) > 0 {
+		n := 0
+		for _, k := range refusals {
+			n += k
+		}
+		c.rep.Note(CheckScope, "refused cross-caller reuse: for %d of %d keys the second caller's request was refused "+
+			"(statuses %s) rather than run for it; safe, since nothing was shared or ran twice, but the target keeps "+
+			"keys global, not per caller, so one caller's key blocks another's", n, keys, statusCounts(refusals))
+	}
+}
+
+// refusesReuse reports whether status refuses a key's reuse by another
+// caller: 422 or 409, the draft's answers to a key that cannot be used
+// (Config.ConflictStatus too, if it is neither).
+func (c *checker) refusesReuse(status int) bool {
+	return status == http.StatusUnprocessableEntity || status == http.StatusConflict || status == c.cfg.ConflictStatus
 }
 
 // sameResult reports whether a and b are one execution's result: the body

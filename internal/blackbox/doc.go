@@ -44,10 +44,17 @@
 //     and half-closed after the request, so that the target sees its client
 //     leave while it runs, with the answer read all the same for comparison.
 //   - CheckScope: the same key under Config.Headers[0] and [1] (two
-//     credential sets) runs twice, independently: neither gets the other's
-//     body, under any status, and each caller's retry replays its own
-//     answer (a target may claim keys per caller but keep results per
-//     key). Skipped with one credential set.
+//     credential sets) never gives one caller the other's result: neither
+//     gets the other's body, under any status, and the first caller's
+//     retry replays its own answer. The second caller's request may run
+//     for it, independently (keys scoped per caller; its retry must then
+//     replay its own answer, as a target may claim keys per caller but
+//     keep results per key), or be refused with 422 or 409 (keys global,
+//     their reuse by another caller refused): nothing is shared and
+//     nothing runs twice, so that passes, with the note "refused
+//     cross-caller reuse" in the report, and the second caller's retry
+//     must still not get the first caller's result. Any other answer to
+//     the second caller fails. Skipped with one credential set.
 //   - CheckVisible: the target's answers identify executions, or it marks
 //     its replays. Without either, no check could have seen an operation
 //     run twice (a target that runs every request would pass them all), so

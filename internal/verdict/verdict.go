@@ -26,6 +26,9 @@ type Check struct {
 	// passes nor fails, unless a violation was recorded before it was
 	// skipped: what was seen stands.
 	Skipped string
+	// Notes say how the check was met where that is worth knowing (a
+	// target held it in an unexpected but safe way); they change nothing.
+	Notes []string
 }
 
 // OK reports whether the check held: it was observed and never failed.
@@ -90,6 +93,17 @@ func (r *Report) Check(name string, ok bool, format string, args ...any) bool {
 	return ok
 }
 
+// Note attaches a remark to a check, printed under the table; it neither
+// passes nor fails the check.
+func (r *Report) Note(name, format string, args ...any) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	c := r.get(name)
+	if len(c.Notes) < maxExamples {
+		c.Notes = append(c.Notes, fmt.Sprintf(format, args...))
+	}
+}
+
 // Skip marks a check as not run, with the reason.
 func (r *Report) Skip(name, why string) {
 	r.mu.Lock()
@@ -105,6 +119,7 @@ func (r *Report) Checks() []Check {
 	for _, n := range r.order {
 		c := *r.checks[n]
 		c.Examples = slices.Clone(c.Examples)
+		c.Notes = slices.Clone(c.Notes)
 		out = append(out, c)
 	}
 	return out
@@ -127,8 +142,13 @@ func (r *Report) Counts() (passed, failed int) {
 	return passed, failed
 }
 
-// OK reports whether every check that ran held.
-func (r *Report) OK() bool { _, failed := r.Counts(); return failed == 0 }
+// OK reports whether every check that ran held and at least one did. A
+// report that judged nothing (no checks, or every one skipped) is not OK:
+// a check that was not run proves nothing, and neither do none.
+func (r *Report) OK() bool {
+	passed, failed := r.Counts()
+	return failed == 0 && passed > 0
+}
 
 // Write prints the table, the failure examples and the closing line
 // "N passed, M failed".
@@ -154,6 +174,9 @@ func (r *Report) Write(w io.Writer) error {
 	for _, c := range checks {
 		if c.Skipped != "" {
 			fmt.Fprintf(w, "\n%s: skipped: %s\n", c.Name, c.Skipped)
+		}
+		for _, n := range c.Notes {
+			fmt.Fprintf(w, "\n%s: note: %s\n", c.Name, n)
 		}
 		if len(c.Examples) > 0 {
 			fmt.Fprintf(w, "\n%s violated %d time(s), e.g.:\n", c.Name, c.Failed)

@@ -61,3 +61,53 @@ func TestSkipKeepsFailures(t *testing.T) {
 		t.Errorf("report does not show the violation:\n%s", b.String())
 	}
 }
+
+// A report in which nothing was judged (no checks, or every one skipped)
+// proves nothing: it is not OK, though nothing failed.
+func TestNothingJudgedIsNotOK(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		fill func(*Report)
+	}{
+		{"no checks", func(*Report) {}},
+		{"every check skipped", func(r *Report) {
+			r.Declare("a", "b")
+			r.Skip("a", "no replay was observed")
+			r.Skip("b", "only one credential set")
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := New()
+			tc.fill(r)
+			if passed, failed := r.Counts(); passed != 0 || failed != 0 {
+				t.Fatalf("Counts() = %d, %d; want 0, 0", passed, failed)
+			}
+			if r.OK() {
+				t.Error("OK() for a report that judged nothing")
+			}
+		})
+	}
+	r := New()
+	r.Skip("a", "no replay was observed")
+	r.Pass("b")
+	if !r.OK() {
+		t.Error("not OK() with one check held and the other skipped")
+	}
+}
+
+// Notes are printed under the table and change no verdict.
+func TestNotes(t *testing.T) {
+	r := New()
+	r.Pass("scope")
+	r.Note("scope", "refused %d of %d", 3, 4)
+	if !r.OK() {
+		t.Error("a note failed the report")
+	}
+	var b strings.Builder
+	if err := r.Write(&b); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(b.String(), "\nscope: note: refused 3 of 4\n") || !strings.HasSuffix(b.String(), "\n1 passed, 0 failed\n") {
+		t.Errorf("report does not show the note, or not before the closing line:\n%s", b.String())
+	}
+}
