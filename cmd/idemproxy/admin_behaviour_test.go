@@ -310,3 +310,44 @@ func TestPostgresSwept(t *testing.T) {
 		t.Fatalf("%d rows 10s after their 1s retention ended; want 0 (swept)", n)
 	}
 }
+
+// TestUpstreamTimeoutEveryPath: -upstream-timeout bounds a guarded
+// exchange (through the Guard's Timeout), a request without a key and an
+// unguarded method alike: 504 once it has passed, and the upstream's
+// request is cut off rather than waited for.
+func TestUpstreamTimeoutEveryPath(t *testing.T) {
+	up := newUpstream(t)
+	p := startInproc(t, "-upstream", up.URL, "-store", "memory", "-upstream-timeout", "200ms")
+	for _, tc := range []struct {
+		name   string
+		method string
+		key    string
+	}{
+		{"guarded", http.MethodPost, "slow"},
+		{"no key", http.MethodPost, ""},
+		{"unguarded method", http.MethodGet, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			req, err := http.NewRequest(tc.method, "http://"+p.proxy+"/pay?sleep=3s", strings.NewReader("x"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if tc.key != "" {
+				req.Header.Set("Idempotency-Key", `"`+tc.key+`"`)
+			}
+			start := time.Now()
+			resp, err := (&http.Client{Timeout: 30 * time.Second}).Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			resp.Body.Close()
+			if resp.StatusCode != http.StatusGatewayTimeout {
+				t.Errorf("status = %d; want 504", resp.StatusCode)
+			}
+			// Far below the upstream's 3s: the exchange was cut at the timeout.
+			if took := time.Since(start); took >= 3*time.Second {
+				t.Errorf("answered after %v: the timeout did not cut the exchange", took)
+			}
+		})
+	}
+}

@@ -152,6 +152,9 @@ func serve(ctx context.Context, cfg *config, log *slog.Logger) error {
 	}
 	guard, err := idempotency.NewGuard(guarded, &idempotency.Options{
 		Lease: cfg.lease, Retention: cfg.retention, OnRenew: m.onRenew,
+		// Bounds a guarded upstream exchange on the claim's own renewal
+		// timer, cheaper than a context.WithTimeout per request.
+		Timeout: cfg.upstreamTimeout,
 	})
 	if err != nil {
 		return fmt.Errorf("%w: %w", errUsage, err)

@@ -20,7 +20,8 @@ import (
 )
 
 // newReverseProxy returns the proxy to the upstream. timeout bounds one
-// upstream exchange (0: none).
+// upstream exchange (0: none). A guarded request comes already bounded by
+// the Guard's Timeout; the rest get a context.WithTimeout here.
 func newReverseProxy(up *url.URL, timeout time.Duration, log *slog.Logger) http.Handler {
 	transport := http.DefaultTransport.(*http.Transport).Clone()
 	transport.MaxIdleConnsPerHost = 256
@@ -56,6 +57,10 @@ func newReverseProxy(up *url.URL, timeout time.Duration, log *slog.Logger) http.
 		return rp
 	}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if dl, ok := r.Context().Deadline(); ok && time.Until(dl) <= timeout {
+			rp.ServeHTTP(w, r)
+			return
+		}
 		ctx, cancel := context.WithTimeout(r.Context(), timeout)
 		defer cancel()
 		rp.ServeHTTP(w, r.WithContext(ctx))
