@@ -124,8 +124,8 @@ IDEMPROXY_UPSTREAM_TIMEOUT, ...); a flag on the command line wins.
 	fs.StringVar(&logLevel, "log-level", "info", "log level: debug, info, warn, error")
 	fs.DurationVar(&c.upstreamTimeout, "upstream-timeout", time.Minute, "longest wait for the upstream's response; past it: 504 and the claim is kept until its lease ends (0: no limit)")
 	c.replayCache = cacheTTL{auto: true}
-	fs.Var(&c.replayCache, "replay-cache", "replay finished keys from this process's memory for up to this long before asking the store again; a key deleted through another instance, where the store does not announce deletions, may replay here that long (0: off; auto: 1s on Redis and PostgreSQL, which announce deletions, off elsewhere; never with the memory store)")
-	fs.Int64Var(&c.replayCacheSize, "replay-cache-size", 64<<20, "most bytes the replay cache holds (keys, fingerprints, bodies, headers)")
+	fs.Var(&c.replayCache, "replay-cache", "replay finished keys from this process's memory, before asking the store again, for `auto|duration`: auto is 1s on Redis and PostgreSQL, which announce deletions, and off elsewhere; a duration is that long on every store but memory, which never has a cache (0: off). A key deleted through another instance, where the store does not announce deletions, may replay here that long")
+	fs.Int64Var(&c.replayCacheSize, "replay-cache-size", 64<<20, fmt.Sprintf("most bytes the replay cache holds (keys, fingerprints, bodies, headers); at least %d, checked unless -replay-cache is 0 even on a store that gets no cache, so that a wrong size (64 meant as MiB) stops the proxy now rather than when it moves to a store that has one", minReplayCacheSize))
 	fs.DurationVar(&c.shutdown, "shutdown-timeout", 30*time.Second, "on SIGTERM, how long in-flight requests may take to finish")
 
 	// The environment first, so that flags on the command line override it.
@@ -220,7 +220,8 @@ IDEMPROXY_UPSTREAM_TIMEOUT, ...); a flag on the command line wins.
 	case c.replayCache.ttl < 0:
 		return nil, bad("replay-cache", "must not be negative")
 	case (c.replayCache.ttl > 0 || c.replayCache.auto) && c.replayCacheSize < minReplayCacheSize:
-		return nil, bad("replay-cache-size", "must be at least %d bytes", minReplayCacheSize)
+		// Whatever the store: see the flag's usage.
+		return nil, bad("replay-cache-size", "must be at least %d bytes (checked unless -replay-cache is 0, whatever the store)", minReplayCacheSize)
 	case c.logFormat != "text" && c.logFormat != "json":
 		return nil, bad("log-format", "want text or json")
 	}

@@ -34,6 +34,9 @@ func TestConfigErrors(t *testing.T) {
 		{"store env empty", []string{"-upstream", "http://x"}, map[string]string{"IDEMPROXY_STORE": ""}, []string{"IDEMPROXY_STORE"}},
 		{"upstream env empty", nil, map[string]string{"IDEMPROXY_UPSTREAM": ""}, []string{"IDEMPROXY_UPSTREAM"}},
 		{"upstream user info", []string{"-upstream", "http://app:s3cret@127.0.0.1:9000"}, nil, []string{"-upstream", "user info"}},
+		// Under auto the size is checked on a store that gets no cache too.
+		{"replay cache size on memory", []string{"-upstream", "http://x", "-store", "memory", "-replay-cache-size", "64"}, nil, []string{`-replay-cache-size "64"`, "whatever the store"}},
+		{"replay cache size on bolt env", []string{"-upstream", "http://x", "-store", "bolt:x.db"}, map[string]string{"IDEMPROXY_REPLAY_CACHE_SIZE": "64"}, []string{`IDEMPROXY_REPLAY_CACHE_SIZE="64"`, "whatever the store"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			env := envOf(tc.env)
@@ -51,6 +54,46 @@ func TestConfigErrors(t *testing.T) {
 	// A scope header that is a header name is fine.
 	if _, err := parseConfig([]string{"-upstream", "http://x", "-scope-header", "x-tenant-id"}, noEnv, &syncBuffer{}); err != nil {
 		t.Errorf("-scope-header x-tenant-id: %v", err)
+	}
+}
+
+// TestReplayCacheSizeIgnoredWhenOff: -replay-cache 0 turns the cache off
+// on every store, and the size is then not checked.
+func TestReplayCacheSizeIgnoredWhenOff(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		args []string
+		env  map[string]string
+	}{
+		{"flags", []string{"-replay-cache", "0", "-replay-cache-size", "0"}, nil},
+		{"env", nil, map[string]string{"IDEMPROXY_REPLAY_CACHE": "0", "IDEMPROXY_REPLAY_CACHE_SIZE": "64"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			args := append([]string{"-upstream", "http://x", "-store", "redis://127.0.0.1:1/0"}, tc.args...)
+			c, err := parseConfig(args, envOf(tc.env), &syncBuffer{})
+			if err != nil {
+				t.Fatalf("parseConfig(%q, %v): %v", args, tc.env, err)
+			}
+			if ttl := c.replayCache.forStore(true); ttl != 0 {
+				t.Fatalf("replay cache TTL = %v; want 0 (off)", ttl)
+			}
+		})
+	}
+}
+
+// TestReplayCacheUsage: the usage line of -replay-cache says what it
+// takes, where the flag package would print "value".
+func TestReplayCacheUsage(t *testing.T) {
+	var out syncBuffer
+	if _, err := parseConfig([]string{"-h"}, noEnv, &out); !errors.Is(err, flag.ErrHelp) {
+		t.Fatalf("-h: %v; want flag.ErrHelp", err)
+	}
+	usage := out.String()
+	if !strings.Contains(usage, "-replay-cache auto|duration\n") {
+		t.Errorf("-replay-cache has no auto|duration placeholder:\n%s", usage)
+	}
+	if strings.Contains(usage, " value\n") {
+		t.Errorf("a flag shows the placeholder \"value\":\n%s", usage)
 	}
 }
 

@@ -12,6 +12,12 @@
 //	                                (go-redis ParseClusterURL options)
 //	postgres://... postgresql://... a pgxpool (pgx connection string syntax)
 //
+// The nodes of a rediss+cluster store are found from the seeds, and each
+// node's certificate must name that node's own host as the cluster
+// announces it (a name, or an IP), or the first seed's host (for a cluster
+// that announces IPs behind one certificate). Certificates are checked
+// against the system's roots (SSL_CERT_FILE, SSL_CERT_DIR).
+//
 // A user name or password with / ? # @ or % in it must be percent-encoded;
 // Open refuses a URL whose password ends its authority early, without
 // quoting it.
@@ -221,6 +227,16 @@ func openRedis(ctx context.Context, rawURL string, opts Options) (idempotency.St
 // rewriting it into go-redis's cluster URL form (the first address as the
 // host, the others as addr= parameters).
 func openCluster(ctx context.Context, scheme, rest string, opts Options) (idempotency.Store, io.Closer, error) {
+	co, p, err := clusterOptions(scheme, rest)
+	if err != nil {
+		return nil, nil, err
+	}
+	return newRedis(ctx, redis.NewClusterClient(co), p, opts)
+}
+
+// clusterOptions is openCluster up to the client: the options and our own
+// parameters.
+func clusterOptions(scheme, rest string) (*redis.ClusterOptions, map[string]string, error) {
 	if !strings.HasPrefix(rest, "//") {
 		return nil, nil, invalid("%s URL must look like %s://host:port,host:port", scheme, scheme)
 	}
@@ -264,7 +280,8 @@ func openCluster(ctx context.Context, scheme, rest string, opts Options) (idempo
 		return nil, nil, invalid("%v", err)
 	}
 	co.ContextTimeoutEnabled = true
-	return newRedis(ctx, redis.NewClusterClient(co), p, opts)
+	dialNodesByName(co)
+	return co, p, nil
 }
 
 func newRedis(_ context.Context, client redis.UniversalClient, p map[string]string, opts Options) (idempotency.Store, io.Closer, error) {
