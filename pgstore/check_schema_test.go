@@ -8,8 +8,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
-
 	"github.com/archlab/idempotency"
 )
 
@@ -58,19 +56,12 @@ func TestCheckSchema(t *testing.T) {
 		},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			schema := freshSchema(t, pool)
-			s := migratedStore(t, pool, schema, Options{Table: "keys"})
-			_, latest, err := s.SchemaVersion(ctx)
-			if err != nil {
-				t.Fatal(err)
-			}
+			s, _, latest := latestStore(ctx, t, pool)
 			tc.setup(t, s, latest)
-			cur, _, err := s.SchemaVersion(ctx)
-			if err != nil || cur != tc.current(latest) {
-				t.Fatalf("SchemaVersion after setup = %d, %v; want %d", cur, err, tc.current(latest))
-			}
+			cur := tc.current(latest)
+			wantSchemaVersion(ctx, t, s, cur, "after setup")
 
-			err = s.CheckSchema(ctx)
+			err := s.CheckSchema(ctx)
 			if tc.want == "" {
 				if err != nil {
 					t.Fatalf("CheckSchema of a schema at the latest version %d = %v", latest, err)
@@ -84,9 +75,7 @@ func TestCheckSchema(t *testing.T) {
 			if !strings.Contains(msg, tc.want) || !strings.Contains(msg, "version "+strconv.Itoa(cur)) || !strings.Contains(msg, strconv.Itoa(latest)) {
 				t.Errorf("CheckSchema = %q; want it to say %q and name versions %d and %d", msg, tc.want, cur, latest)
 			}
-			if after, _, err := s.SchemaVersion(ctx); err != nil || after != cur {
-				t.Errorf("SchemaVersion after CheckSchema = %d, %v; want %d (unchanged)", after, err, cur)
-			}
+			wantSchemaVersion(ctx, t, s, cur, "after CheckSchema (unchanged)")
 		})
 	}
 }
@@ -113,12 +102,5 @@ func TestCheckSchemaUnreachable(t *testing.T) {
 	defer cancel()
 	if err := s.CheckSchema(ctx); !errors.Is(err, idempotency.ErrUnavailable) || errors.Is(err, idempotency.ErrInvalidConfig) {
 		t.Fatalf("CheckSchema on an unreachable database = %v; want ErrUnavailable", err)
-	}
-}
-
-func mustExec(t *testing.T, pool *pgxpool.Pool, sql string, args ...any) {
-	t.Helper()
-	if _, err := pool.Exec(context.Background(), sql, args...); err != nil {
-		t.Fatalf("%s: %v", sql, err)
 	}
 }

@@ -93,6 +93,36 @@ func migratedStore(t testing.TB, pool *pgxpool.Pool, schema string, opts Options
 	return s
 }
 
+// latestStore returns a Store on table keys in a fresh schema, migrated to
+// the latest version this build knows, the schema and that version.
+func latestStore(ctx context.Context, t testing.TB, pool *pgxpool.Pool) (s *Store, schema string, latest int) {
+	t.Helper()
+	schema = freshSchema(t, pool)
+	s = migratedStore(t, pool, schema, Options{Table: "keys"})
+	_, latest, err := s.SchemaVersion(ctx)
+	if err != nil {
+		t.Fatalf("SchemaVersion after Migrate: %v", err)
+	}
+	return s, schema, latest
+}
+
+// wantSchemaVersion fails t unless s's schema is at version want; when
+// says at which point of the test.
+func wantSchemaVersion(ctx context.Context, t testing.TB, s *Store, want int, when string) {
+	t.Helper()
+	if cur, _, err := s.SchemaVersion(ctx); err != nil || cur != want {
+		t.Fatalf("SchemaVersion %s = %d, %v; want %d", when, cur, err, want)
+	}
+}
+
+// mustExec runs sql on pool.
+func mustExec(t testing.TB, pool *pgxpool.Pool, sql string, args ...any) {
+	t.Helper()
+	if _, err := pool.Exec(context.Background(), sql, args...); err != nil {
+		t.Fatalf("%s: %v", sql, err)
+	}
+}
+
 // newTestStore is a migrated store in a fresh schema on its own pool.
 func newTestStore(t testing.TB, opts Options) (*Store, *pgxpool.Pool) {
 	t.Helper()

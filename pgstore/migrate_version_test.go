@@ -25,20 +25,11 @@ func TestMigrateRefusesNewerSchema(t *testing.T) {
 		{"records table gone", "DROP TABLE {{table}}; DROP SEQUENCE {{seq}}"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			schema := freshSchema(t, pool)
-			s := migratedStore(t, pool, schema, Options{Table: "keys"})
-			_, latest, err := s.SchemaVersion(ctx)
-			if err != nil {
-				t.Fatal(err)
-			}
+			s, schema, latest := latestStore(ctx, t, pool)
 			if tc.setup != "" {
-				if _, err := pool.Exec(ctx, s.names.Replace(tc.setup)); err != nil {
-					t.Fatal(err)
-				}
+				mustExec(t, pool, s.names.Replace(tc.setup))
 			}
-			if _, err := pool.Exec(ctx, s.names.Replace("INSERT INTO {{versions}} (version) VALUES ($1)"), latest+1); err != nil {
-				t.Fatal(err)
-			}
+			mustExec(t, pool, s.names.Replace("INSERT INTO {{versions}} (version) VALUES ($1)"), latest+1)
 
 			old, err := New(pool, &Options{Schema: schema, Table: "keys"})
 			if err != nil {
@@ -48,10 +39,7 @@ func TestMigrateRefusesNewerSchema(t *testing.T) {
 			if !errors.Is(err, idempotency.ErrInvalidConfig) || errors.Is(err, idempotency.ErrUnavailable) {
 				t.Fatalf("Migrate of a schema at version %d by a build that knows %d = %v; want ErrInvalidConfig (and not ErrUnavailable)", latest+1, latest, err)
 			}
-			cur, _, err := old.SchemaVersion(ctx)
-			if err != nil || cur != latest+1 {
-				t.Fatalf("SchemaVersion after the refused Migrate = %d, %v; want %d", cur, err, latest+1)
-			}
+			wantSchemaVersion(ctx, t, old, latest+1, "after the refused Migrate")
 			var tableBack bool
 			if err := pool.QueryRow(ctx, "SELECT to_regclass($1) IS NOT NULL", s.names.Replace("{{table}}")).Scan(&tableBack); err != nil {
 				t.Fatal(err)
@@ -75,9 +63,7 @@ func TestMigrateEmptyVersionTable(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := pool.Exec(ctx, s.names.Replace("CREATE TABLE {{versions}} (version integer PRIMARY KEY, applied_at timestamptz NOT NULL DEFAULT now())")); err != nil {
-		t.Fatal(err)
-	}
+	mustExec(t, pool, s.names.Replace("CREATE TABLE {{versions}} (version integer PRIMARY KEY, applied_at timestamptz NOT NULL DEFAULT now())"))
 	if err := s.Migrate(ctx); err != nil {
 		t.Fatalf("Migrate over an empty version table: %v", err)
 	}

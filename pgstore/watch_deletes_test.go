@@ -2,8 +2,6 @@ package pgstore
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"net"
 	"strings"
@@ -15,96 +13,6 @@ import (
 	"github.com/archlab/idempotency"
 	"github.com/archlab/idempotency/internal/testenv"
 )
-
-// watcher runs WatchDeletes on s until the test ends, reporting each
-// forgotten key, each reset and each failure on channels.
-type watcher struct {
-	forgot  chan string
-	resets  chan struct{}
-	reports chan error
-	done    chan error
-	cancel  context.CancelFunc
-}
-
-func watch(t *testing.T, s *Store) *watcher {
-	t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
-	w := &watcher{forgot: make(chan string, 100), resets: make(chan struct{}, 100), reports: make(chan error, 1000),
-		done: make(chan error, 1), cancel: cancel}
-	go func() {
-		w.done <- s.WatchDeletes(ctx, func(k string) { w.forgot <- k }, func() { w.resets <- struct{}{} },
-			func(err error) { w.reports <- err })
-	}()
-	t.Cleanup(func() {
-		cancel()
-		select {
-		case <-w.done:
-		case <-time.After(5 * time.Second):
-			t.Error("WatchDeletes did not return within 5s of its context's end")
-		}
-	})
-	w.wantReset(t)
-	return w
-}
-
-func (w *watcher) wantReset(t *testing.T) {
-	t.Helper()
-	select {
-	case <-w.resets:
-	case k := <-w.forgot:
-		t.Fatalf("forgot %.20q, want a reset", k)
-	case <-time.After(5 * time.Second):
-		t.Fatal("no reset within 5s")
-	}
-}
-
-// wantForgot waits for the next key forgotten: deletions are announced in
-// commit order, so one that should not have been announced shows up here
-// in place of key.
-func (w *watcher) wantForgot(t *testing.T, key string) {
-	t.Helper()
-	select {
-	case k := <-w.forgot:
-		if k != key {
-			t.Fatalf("forgot %.40q, want %.40q", k, key)
-		}
-	case <-w.resets:
-		t.Fatalf("reset, want %.40q forgotten", key)
-	case <-time.After(5 * time.Second):
-		t.Fatalf("%.40q was not forgotten within 5s of its deletion", key)
-	}
-}
-
-func (w *watcher) wantReport(t *testing.T) error {
-	t.Helper()
-	select {
-	case err := <-w.reports:
-		return err
-	case <-time.After(5 * time.Second):
-		t.Fatal("no failure reported within 5s")
-	}
-	return nil
-}
-
-// wantReturn cancels the watch and waits for WatchDeletes to return
-// context.Canceled promptly.
-func (w *watcher) wantReturn(t *testing.T) {
-	t.Helper()
-	start := time.Now()
-	w.cancel()
-	select {
-	case err := <-w.done:
-		if !errors.Is(err, context.Canceled) {
-			t.Errorf("WatchDeletes = %v, want context.Canceled", err)
-		}
-		w.done <- err // for the cleanup
-	case <-time.After(3 * time.Second):
-		t.Fatal("WatchDeletes did not return within 3s of its context's end")
-	}
-	if took := time.Since(start); took > time.Second {
-		t.Errorf("WatchDeletes returned %v after its context's end", took)
-	}
-}
 
 // setWatchTimes shortens WatchDeletes's ping interval and retry pause for
 // the test.
@@ -123,9 +31,7 @@ func watcherPool(t *testing.T) (*pgxpool.Pool, string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	b := make([]byte, 6)
-	rand.Read(b)
-	app := "pgstore_watch_" + hex.EncodeToString(b)
+	app := testenv.Unique("pgstore_watch_")
 	cfg.ConnConfig.RuntimeParams["application_name"] = app
 	cfg.MaxConns = 4
 	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
@@ -175,15 +81,36 @@ func wantBackends(t *testing.T, direct *pgxpool.Pool, app string, n int) {
 
 // watchedStore is a Store on table in schema, through a pool of its own
 // named app, that only the watcher uses.
-func watchedStore(t *testing.T, schema, table string, opts Options) (*Store, string) {
+func watchedStore(t *testing.T, schema, table string) (*Store, string) {
 	t.Helper()
 	pool, app := watcherPool(t)
-	opts.Schema, opts.Table = schema, table
-	s, err := New(pool, &opts)
+	s, err := New(pool, &Options{Schema: schema, Table: table})
 	if err != nil {
 		t.Fatal(err)
 	}
 	return s, app
+}
+
+// watchedTable is a table, migrated in a fresh schema, and a watch of its
+// deletions.
+type watchedTable struct {
+	direct  *pgxpool.Pool    // the test's pool
+	schema  string           // the fresh schema
+	s       *Store           // on the table, through direct
+	watched *Store           // on the table, through a pool of its own named app
+	app     string           // the application_name of watched's connections
+	w       *testenv.Watcher // running watched.WatchDeletes, past its first reset
+}
+
+// watchTable makes table in a fresh schema and watches its deletions.
+func watchTable(t *testing.T, table string) watchedTable {
+	t.Helper()
+	direct := testPool(t, 4, nil)
+	schema := freshSchema(t, direct)
+	s := migratedStore(t, direct, schema, Options{Table: table})
+	watched, app := watchedStore(t, schema, table)
+	w := testenv.Watch(t, watched.WatchDeletes)
+	return watchedTable{direct: direct, schema: schema, s: s, watched: watched, app: app, w: w}
 }
 
 // mustFinish stores a finished record for key.
@@ -211,12 +138,9 @@ func mustDelete(t *testing.T, s *Store, key string) {
 // forgotten, its own included, byte for byte; other tables' deletions and
 // the deletion of an absent key are not announced.
 func TestWatchDeletes(t *testing.T) {
-	direct := testPool(t, 4, nil)
-	schema := freshSchema(t, direct)
-	other := migratedStore(t, direct, schema, Options{Table: "watched"}) // another process, in effect
-	elsewhere := migratedStore(t, direct, schema, Options{Table: "elsewhere"})
-	watched, _ := watchedStore(t, schema, "watched", Options{})
-	w := watch(t, watched)
+	wt := watchTable(t, "watched")
+	other, watched, w := wt.s, wt.watched, wt.w // other: another process, in effect
+	elsewhere := migratedStore(t, wt.direct, wt.schema, Options{Table: "elsewhere"})
 
 	const binary = "\x00\xff\xfe bytes"
 	for _, k := range []string{"a", "b", binary, "c", ""} {
@@ -225,17 +149,17 @@ func TestWatchDeletes(t *testing.T) {
 	mustFinish(t, elsewhere, "not-mine")
 
 	mustDelete(t, other, "a")
-	w.wantForgot(t, "a")
+	w.WantForgot(t, "a")
 	mustDelete(t, watched, "b") // its own deletions too
-	w.wantForgot(t, "b")
+	w.WantForgot(t, "b")
 	mustDelete(t, other, binary)
-	w.wantForgot(t, binary)
+	w.WantForgot(t, binary)
 	mustDelete(t, other, "")
-	w.wantForgot(t, "")
+	w.WantForgot(t, "")
 	mustDelete(t, elsewhere, "not-mine")
 	mustDelete(t, other, "absent") // no row: nothing to forget
 	mustDelete(t, other, "c")
-	w.wantForgot(t, "c") // not "not-mine", nor "absent"
+	w.WantForgot(t, "c") // not "not-mine", nor "absent"
 	if _, err := other.Get(context.Background(), "c", time.Now()); !errors.Is(err, idempotency.ErrNotFound) {
 		t.Fatalf("Get after Delete = %v, want ErrNotFound", err)
 	}
@@ -246,11 +170,8 @@ func TestWatchDeletes(t *testing.T) {
 // back. No API runs Delete in a caller's transaction; its statement is
 // run in one here.
 func TestWatchDeletesTransactional(t *testing.T) {
-	direct := testPool(t, 4, nil)
-	schema := freshSchema(t, direct)
-	s := migratedStore(t, direct, schema, Options{Table: "tx"})
-	watched, _ := watchedStore(t, schema, "tx", Options{})
-	w := watch(t, watched)
+	wt := watchTable(t, "tx")
+	direct, s, w := wt.direct, wt.s, wt.w
 	ctx := context.Background()
 	for _, k := range []string{"rolled-back", "committed", "meanwhile", "after"} {
 		mustFinish(t, s, k)
@@ -279,13 +200,13 @@ func TestWatchDeletesTransactional(t *testing.T) {
 		t.Fatal(err)
 	}
 	mustDelete(t, s, "meanwhile")
-	w.wantForgot(t, "meanwhile") // not "rolled-back", and not "committed" yet
+	w.WantForgot(t, "meanwhile") // not "rolled-back", and not "committed" yet
 	if err := tx.Commit(ctx); err != nil {
 		t.Fatal(err)
 	}
-	w.wantForgot(t, "committed")
+	w.WantForgot(t, "committed")
 	mustDelete(t, s, "after")
-	w.wantForgot(t, "after")
+	w.WantForgot(t, "after")
 }
 
 // TestWatchDeletesReconnects: a listening backend that is terminated is
@@ -294,11 +215,8 @@ func TestWatchDeletesTransactional(t *testing.T) {
 // none once it has returned.
 func TestWatchDeletesReconnects(t *testing.T) {
 	setWatchTimes(t, 15*time.Second, 50*time.Millisecond)
-	direct := testPool(t, 4, nil)
-	schema := freshSchema(t, direct)
-	s := migratedStore(t, direct, schema, Options{Table: "reconnect"})
-	watched, app := watchedStore(t, schema, "reconnect", Options{})
-	w := watch(t, watched)
+	wt := watchTable(t, "reconnect")
+	direct, s, app, w := wt.direct, wt.s, wt.app, wt.w
 	ctx := context.Background()
 
 	for i := range 2 {
@@ -310,42 +228,35 @@ func TestWatchDeletesReconnects(t *testing.T) {
 		if err := direct.QueryRow(ctx, "SELECT pg_terminate_backend($1)", pids[0]).Scan(&ok); err != nil || !ok {
 			t.Fatalf("pg_terminate_backend = %v, %v", ok, err)
 		}
-		if err := w.wantReport(t); !errors.Is(err, idempotency.ErrUnavailable) {
+		if err := w.WantReport(t); !errors.Is(err, idempotency.ErrUnavailable) {
 			t.Errorf("reported %v, want ErrUnavailable", err)
 		}
-		w.wantReset(t)
+		w.WantReset(t)
 		key := "after-" + string(rune('0'+i))
 		mustFinish(t, s, key)
 		mustDelete(t, s, key)
-		w.wantForgot(t, key)
+		w.WantForgot(t, key)
 		wantBackends(t, direct, app, 1)
 	}
-	w.wantReturn(t)
+	w.WantReturn(t, time.Second)
 	wantBackends(t, direct, app, 0)
 }
 
 // TestWatchDeletesEndsWithContext: WatchDeletes returns ctx's error at
 // once when ctx ends, and closes its connection.
 func TestWatchDeletesEndsWithContext(t *testing.T) {
-	direct := testPool(t, 4, nil)
-	schema := freshSchema(t, direct)
-	migratedStore(t, direct, schema, Options{Table: "ends"})
-	watched, app := watchedStore(t, schema, "ends", Options{})
-	w := watch(t, watched)
-	wantBackends(t, direct, app, 1)
-	w.wantReturn(t)
-	wantBackends(t, direct, app, 0)
+	wt := watchTable(t, "ends")
+	wantBackends(t, wt.direct, wt.app, 1)
+	wt.w.WantReturn(t, time.Second)
+	wantBackends(t, wt.direct, wt.app, 0)
 }
 
 // TestWatchDeletesLongKeys: a key too long for a notification payload
 // (under 8000 bytes, as hex) is deleted all the same, and makes the watcher
 // reset; the longest that fits is forgotten by name.
 func TestWatchDeletesLongKeys(t *testing.T) {
-	direct := testPool(t, 4, nil)
-	schema := freshSchema(t, direct)
-	s := migratedStore(t, direct, schema, Options{Table: "long"})
-	watched, _ := watchedStore(t, schema, "long", Options{})
-	w := watch(t, watched)
+	wt := watchTable(t, "long")
+	s, w := wt.s, wt.w
 
 	// Repetitive keys: the primary key's index compresses them, so they
 	// are stored although longer than an index entry may be.
@@ -353,14 +264,14 @@ func TestWatchDeletesLongKeys(t *testing.T) {
 	for _, key := range []string{strings.Repeat("k", maxAnnouncedKey+1), strings.Repeat("k", 20000)} {
 		mustFinish(t, s, key)
 		mustDelete(t, s, key)
-		w.wantReset(t)
+		w.WantReset(t)
 		if _, err := s.Get(context.Background(), key, time.Now()); !errors.Is(err, idempotency.ErrNotFound) {
 			t.Fatalf("Get after Delete of a %d-byte key = %v, want ErrNotFound", len(key), err)
 		}
 	}
 	mustFinish(t, s, fits)
 	mustDelete(t, s, fits)
-	w.wantForgot(t, fits)
+	w.WantForgot(t, fits)
 }
 
 // TestWatchDeletesLongNames: with the longest schema and table names, the
@@ -379,13 +290,13 @@ func TestWatchDeletesLongNames(t *testing.T) {
 	if mine.channel == theirs.channel {
 		t.Fatalf("tables %s and %s share channel %q", mine.table, theirs.table, mine.channel)
 	}
-	watched, _ := watchedStore(t, schema63, table+"a", Options{})
-	w := watch(t, watched)
+	watched, _ := watchedStore(t, schema63, table+"a")
+	w := testenv.Watch(t, watched.WatchDeletes)
 	mustFinish(t, theirs, "theirs")
 	mustFinish(t, mine, "mine")
 	mustDelete(t, theirs, "theirs")
 	mustDelete(t, mine, "mine")
-	w.wantForgot(t, "mine")
+	w.WantForgot(t, "mine")
 }
 
 func TestDeletesChannel(t *testing.T) {
@@ -419,22 +330,14 @@ func TestDeletesChannel(t *testing.T) {
 // and answers stays: no report, and no reset, which would empty a cache.
 func TestWatchDeletesQuietConnection(t *testing.T) {
 	setWatchTimes(t, 20*time.Millisecond, 10*time.Millisecond)
-	direct := testPool(t, 4, nil)
-	schema := freshSchema(t, direct)
-	s := migratedStore(t, direct, schema, Options{Table: "quiet"})
-	watched, _ := watchedStore(t, schema, "quiet", Options{})
-	w := watch(t, watched)
+	wt := watchTable(t, "quiet")
+	s, w := wt.s, wt.w
 	mustFinish(t, s, "k")
 	time.Sleep(20 * watchPing)
-	select {
-	case err := <-w.reports:
-		t.Fatalf("a quiet connection failed: %v", err)
-	case <-w.resets:
-		t.Fatal("a quiet connection was made again")
-	default:
-	}
+	w.WantNoReport(t) // the connection did not fail
+	w.WantQuiet(t)    // nor was it made again
 	mustDelete(t, s, "k")
-	w.wantForgot(t, "k")
+	w.WantForgot(t, "k")
 }
 
 // TestWatchDeletesBlackHoled: a server whose answers stop coming (the
@@ -453,22 +356,22 @@ func TestWatchDeletesBlackHoled(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	w := watch(t, watched)
+	w := testenv.Watch(t, watched.WatchDeletes)
 	const hole = `{"name":"hole","type":"timeout","stream":"downstream","attributes":{"timeout":0}}`
 
 	testenv.AddToxic(t, proxy, hole)
-	err = w.wantReport(t)
+	err = w.WantReport(t)
 	var ne net.Error
 	if !errors.As(err, &ne) || !ne.Timeout() || !errors.Is(err, idempotency.ErrUnavailable) {
 		t.Errorf("reported %v, want ErrUnavailable and a timeout", err)
 	}
 	testenv.RemoveToxic(proxy, "hole")
-	w.wantReset(t)
+	w.WantReset(t)
 	mustFinish(t, s, "after")
 	mustDelete(t, s, "after")
-	w.wantForgot(t, "after")
+	w.WantForgot(t, "after")
 
 	testenv.AddToxic(t, proxy, hole)
-	w.wantReport(t)
-	w.wantReturn(t)
+	w.WantReport(t)
+	w.WantReturn(t, time.Second)
 }

@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/archlab/idempotency/internal/testenv"
 )
 
 // publishes returns the PUBLISH calls each of cs has answered (INFO
@@ -33,12 +35,12 @@ func keysWhere(s *Store, n int, on func(redisKey string) bool) []string {
 
 // wantPublishes deletes keys through s, each heard by w, and checks that
 // node i of cs (and no other) answered the PUBLISHes.
-func wantPublishes(t *testing.T, s *Store, w *watcher, cs []*redis.Client, i int, keys []string) {
+func wantPublishes(t *testing.T, s *Store, w *testenv.Watcher, cs []*redis.Client, i int, keys []string) {
 	t.Helper()
 	before := publishes(t, cs)
 	for _, k := range keys {
 		mustDelete(t, s, k)
-		w.wantForgot(t, k)
+		w.WantForgot(t, k)
 	}
 	after := publishes(t, cs)
 	for j := range cs {
@@ -62,7 +64,7 @@ func TestDeleteAnnouncesOnKeysMasterCluster(t *testing.T) {
 	cc := redis.NewClusterClient(&redis.ClusterOptions{Addrs: pc.addrs(), ContextTimeoutEnabled: true})
 	t.Cleanup(func() { cc.Close() })
 	s := newStore(t, cc, Options{Logger: discard()})
-	w := watch(t, s)
+	w := testenv.Watch(t, s.WatchDeletes)
 	for i := range pc.nodes {
 		keys := keysWhere(s, 4, func(k string) bool { return pc.node(t, k) == i })
 		wantPublishes(t, s, w, pc.admin, i, keys)
@@ -115,7 +117,7 @@ func TestWatchDeletesRing(t *testing.T) {
 	watched := newStore(t, newRing(t, servers...), Options{Prefix: prefix})
 	deleter := newRing(t, servers...)
 	s := newStore(t, deleter, Options{Prefix: prefix})
-	w := watch(t, watched)
+	w := testenv.Watch(t, watched.WatchDeletes)
 	admin := []*redis.Client{servers[0].client(t), servers[1].client(t)}
 	for i, ps := range servers {
 		wantPublishes(t, s, w, admin, i, keysWhere(s, 3, onShard(t, deleter, ps.addr())))
@@ -138,19 +140,19 @@ func TestWatchDeletesRingShardDownAndBack(t *testing.T) {
 	watched := newStore(t, newRing(t, a, b), Options{Prefix: prefix})
 	deleter := newRing(t, a, b)
 	s := newStore(t, deleter, Options{Prefix: prefix})
-	w := watch(t, watched)
+	w := testenv.Watch(t, watched.WatchDeletes)
 
 	b.kill()
-	w.wantReset(t) // on a alone
+	w.WantReset(t) // on a alone
 	waitShards(t, deleter, 1)
 	mustDelete(t, s, "while-down")
-	w.wantForgot(t, "while-down")
+	w.WantForgot(t, "while-down")
 
 	b.start()
-	w.wantReset(t) // on b too
+	w.WantReset(t) // on b too
 	waitShards(t, deleter, 2)
 	for _, k := range keysWhere(s, 3, onShard(t, deleter, b.addr())) {
 		mustDelete(t, s, k)
-		w.wantForgot(t, k)
+		w.WantForgot(t, k)
 	}
 }

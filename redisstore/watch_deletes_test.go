@@ -16,65 +16,6 @@ import (
 	"github.com/archlab/idempotency/internal/testenv"
 )
 
-// watcher runs WatchDeletes on s until the test ends, reporting each
-// forgotten key and each reset on channels.
-type watcher struct {
-	forgot  chan string
-	resets  chan struct{}
-	reports chan error
-	done    chan error
-	cancel  context.CancelFunc
-}
-
-func watch(t *testing.T, s *Store) *watcher {
-	t.Helper()
-	w := startWatch(t, s)
-	w.wantReset(t)
-	return w
-}
-
-// startWatch is watch without waiting for the subscription.
-func startWatch(t *testing.T, s *Store) *watcher {
-	t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
-	w := &watcher{forgot: make(chan string, 100), resets: make(chan struct{}, 100), reports: make(chan error, 1000),
-		done: make(chan error, 1), cancel: cancel}
-	go func() {
-		w.done <- s.WatchDeletes(ctx, func(k string) { w.forgot <- k }, func() { w.resets <- struct{}{} },
-			func(err error) { w.reports <- err })
-	}()
-	t.Cleanup(func() {
-		cancel()
-		select {
-		case <-w.done:
-		case <-time.After(5 * time.Second):
-			t.Error("WatchDeletes did not return within 5s of its context's end")
-		}
-	})
-	return w
-}
-
-func (w *watcher) wantReset(t *testing.T) {
-	t.Helper()
-	select {
-	case <-w.resets:
-	case <-time.After(5 * time.Second):
-		t.Fatal("no reset within 5s: the subscription was not made")
-	}
-}
-
-func (w *watcher) wantForgot(t *testing.T, key string) {
-	t.Helper()
-	select {
-	case k := <-w.forgot:
-		if k != key {
-			t.Fatalf("forgot %q, want %q", k, key)
-		}
-	case <-time.After(5 * time.Second):
-		t.Fatalf("%q was not forgotten within 5s of its deletion", key)
-	}
-}
-
 func mustDelete(t *testing.T, s *Store, key string) {
 	t.Helper()
 	if err := s.Delete(context.Background(), key); err != nil {
@@ -88,15 +29,15 @@ func TestWatchDeletes(t *testing.T) {
 	watched := newStore(t, c1, Options{Prefix: prefix})
 	other := newStore(t, c2, Options{Prefix: prefix}) // another process, in effect
 	elsewhere := newStore(t, c2, Options{})           // another prefix
-	w := watch(t, watched)
+	w := testenv.Watch(t, watched.WatchDeletes)
 
 	mustDelete(t, other, "a")
-	w.wantForgot(t, "a")
+	w.WantForgot(t, "a")
 	mustDelete(t, watched, "b") // its own deletions too
-	w.wantForgot(t, "b")
+	w.WantForgot(t, "b")
 	mustDelete(t, elsewhere, "not-mine")
 	mustDelete(t, other, "c")
-	w.wantForgot(t, "c") // not "not-mine"
+	w.WantForgot(t, "c") // not "not-mine"
 }
 
 // TestWatchDeletesResubscribes: a subscription cut by the server is made
@@ -105,38 +46,29 @@ func TestWatchDeletes(t *testing.T) {
 func TestWatchDeletesResubscribes(t *testing.T) {
 	ps := startPrivateServer(t)
 	s := newStore(t, ps.client(t), Options{})
-	w := watch(t, s)
+	w := testenv.Watch(t, s.WatchDeletes)
 	admin := ps.client(t)
 	if err := admin.Do(context.Background(), "client", "kill", "type", "pubsub").Err(); err != nil {
 		t.Fatal(err)
 	}
-	w.wantReset(t)
+	w.WantReset(t)
 	mustDelete(t, s, "after")
-	w.wantForgot(t, "after")
+	w.WantForgot(t, "after")
 
 	// A server gone for a while: the watcher keeps trying, and is back
 	// with a reset when the server is.
 	ps.kill()
 	time.Sleep(2 * watchRetry)
 	ps.start()
-	w.wantReset(t)
+	w.WantReset(t)
 	mustDelete(t, s, "back")
-	w.wantForgot(t, "back")
+	w.WantForgot(t, "back")
 }
 
 func TestWatchDeletesEndsWithContext(t *testing.T) {
 	s := newStore(t, sharedClient(t), Options{})
-	w := watch(t, s)
-	w.cancel()
-	select {
-	case err := <-w.done:
-		if !errors.Is(err, context.Canceled) {
-			t.Errorf("WatchDeletes = %v, want context.Canceled", err)
-		}
-		w.done <- err // for the cleanup
-	case <-time.After(5 * time.Second):
-		t.Fatal("WatchDeletes did not return after its context was cancelled")
-	}
+	w := testenv.Watch(t, s.WatchDeletes)
+	w.WantReturn(t, time.Second)
 }
 
 func TestWatchDeletesCluster(t *testing.T) {
@@ -144,12 +76,12 @@ func TestWatchDeletesCluster(t *testing.T) {
 	prefix := randomPrefix(t)
 	watched := newStore(t, c1, Options{Prefix: prefix})
 	other := newStore(t, c2, Options{Prefix: prefix})
-	w := watch(t, watched)
+	w := testenv.Watch(t, watched.WatchDeletes)
 	// Keys in several slots: the deletion reaches the watcher whichever
 	// master holds the key.
 	for _, k := range []string{"a", "b", "c", "d", "e"} {
 		mustDelete(t, other, k)
-		w.wantForgot(t, k)
+		w.WantForgot(t, k)
 	}
 }
 
@@ -161,17 +93,6 @@ func setWatchTimes(t *testing.T, ping, retry time.Duration) {
 	t.Cleanup(func() { watchPing, watchRetry = oldPing, oldRetry })
 }
 
-func (w *watcher) wantReport(t *testing.T, within time.Duration) error {
-	t.Helper()
-	select {
-	case err := <-w.reports:
-		return err
-	case <-time.After(within):
-		t.Fatalf("no failure reported within %v", within)
-	}
-	return nil
-}
-
 // TestWatchDeletesPausedServer: a server that stops answering (SIGSTOP:
 // the connection stays open, as when a host or a network path dies
 // without a reset) is noticed by the ping, reported, and the subscription
@@ -180,17 +101,17 @@ func TestWatchDeletesPausedServer(t *testing.T) {
 	setWatchTimes(t, 100*time.Millisecond, 50*time.Millisecond)
 	ps := startPrivateServer(t)
 	s := newStore(t, ps.client(t), Options{OpTimeout: 300 * time.Millisecond})
-	w := watch(t, s)
+	w := testenv.Watch(t, s.WatchDeletes)
 	ps.signal(syscall.SIGSTOP)
-	err := w.wantReport(t, 5*time.Second)
+	err := w.WantReport(t)
 	var ne net.Error
 	if !errors.As(err, &ne) || !ne.Timeout() {
 		t.Errorf("reported %v, want a timeout", err)
 	}
 	ps.signal(syscall.SIGCONT)
-	w.wantReset(t)
+	w.WantReset(t)
 	mustDelete(t, s, "after")
-	w.wantForgot(t, "after")
+	w.WantForgot(t, "after")
 }
 
 // TestWatchDeletesQuietServer: a server that answers the pings keeps the
@@ -206,17 +127,12 @@ func TestWatchDeletesQuietServer(t *testing.T) {
 			}
 			o.Protocol = proto
 			s := newStore(t, newClient(t, o), Options{})
-			w := watch(t, s)
+			w := testenv.Watch(t, s.WatchDeletes)
 			time.Sleep(20 * watchPing)
-			select {
-			case err := <-w.reports:
-				t.Fatalf("a quiet subscription failed: %v", err)
-			case <-w.resets:
-				t.Fatal("a quiet subscription was made again")
-			default:
-			}
+			w.WantNoReport(t) // the subscription did not fail
+			w.WantQuiet(t)    // nor was it made again
 			mustDelete(t, s, "k")
-			w.wantForgot(t, "k")
+			w.WantForgot(t, "k")
 		})
 	}
 }
@@ -231,25 +147,14 @@ func TestWatchDeletesEndsWithContextWhileServerPaused(t *testing.T) {
 	ps := startPrivateServer(t)
 	c := newClient(t, &redis.Options{Addr: ps.addr(), ReadTimeout: 30 * time.Second, MaxRetries: -1})
 	s := newStore(t, c, Options{OpTimeout: 200 * time.Millisecond})
-	w := watch(t, s)
+	w := testenv.Watch(t, s.WatchDeletes)
 	ps.signal(syscall.SIGSTOP)
 	t.Cleanup(func() { ps.signal(syscall.SIGCONT) })
-	w.wantReport(t, 5*time.Second) // the ping went unanswered
+	w.WantReport(t) // the ping went unanswered
 	// watchRetry later it connects again, and the server accepts the
 	// connection but answers nothing.
 	time.Sleep(100 * time.Millisecond)
-	start := time.Now()
-	w.cancel()
-	select {
-	case err := <-w.done:
-		if !errors.Is(err, context.Canceled) {
-			t.Errorf("WatchDeletes = %v, want context.Canceled", err)
-		}
-		w.done <- err
-	case <-time.After(3 * time.Second):
-		t.Fatal("WatchDeletes did not return within 3s of its context's end (server paused)")
-	}
-	t.Logf("returned %v after the cancellation", time.Since(start))
+	w.WantReturn(t, 3*time.Second)
 }
 
 // TestWatchDeletesWithoutChannelPermission: an ACL user without the
@@ -266,20 +171,16 @@ func TestWatchDeletesWithoutChannelPermission(t *testing.T) {
 	c := newClient(t, &redis.Options{Addr: ps.addr(), Username: "nochan", Password: "pw"})
 	s := newStore(t, c, Options{Clock: CallerClock})
 	start := time.Now()
-	w := startWatch(t, s)
+	w := testenv.StartWatch(t, s.WatchDeletes)
 	for range 3 {
-		if err := w.wantReport(t, 5*time.Second); !strings.Contains(err.Error(), "NOPERM") {
+		if err := w.WantReport(t); !strings.Contains(err.Error(), "NOPERM") {
 			t.Fatalf("reported %v, want NOPERM", err)
 		}
 	}
 	if took := time.Since(start); took < 2*watchRetry {
 		t.Errorf("3 refusals reported within %v: WatchDeletes does not pause %v between tries", took, watchRetry)
 	}
-	select {
-	case <-w.resets:
-		t.Fatal("reset called without a subscription")
-	default:
-	}
+	w.WantQuiet(t) // no reset without a subscription
 
 	now := time.Now()
 	if _, claimed, err := s.Begin(ctx, "k", "fp", now, time.Minute, time.Hour); err != nil || !claimed {
@@ -360,7 +261,7 @@ func (h afterCommand) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 // key.
 func TestDeleteAnnouncesAfterCallerCancels(t *testing.T) {
 	prefix := randomPrefix(t)
-	w := watch(t, newStore(t, sharedClient(t), Options{Prefix: prefix}))
+	w := testenv.Watch(t, newStore(t, sharedClient(t), Options{Prefix: prefix}).WatchDeletes)
 	c := sharedClient(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -372,7 +273,7 @@ func TestDeleteAnnouncesAfterCallerCancels(t *testing.T) {
 	if ctx.Err() == nil {
 		t.Fatal("the hook did not cancel the context")
 	}
-	w.wantForgot(t, "k")
+	w.WantForgot(t, "k")
 }
 
 // TestWatchDeletesClusterMigrationAndFailure: on a private two-master
@@ -389,7 +290,7 @@ func TestWatchDeletesClusterMigrationAndFailure(t *testing.T) {
 	cc := redis.NewClusterClient(&redis.ClusterOptions{Addrs: pc.addrs(), ContextTimeoutEnabled: true, MaxRetries: 2})
 	t.Cleanup(func() { cc.Close() })
 	s := newStore(t, cc, Options{Logger: discard(), OpTimeout: 500 * time.Millisecond})
-	w := watch(t, s)
+	w := testenv.Watch(t, s.WatchDeletes)
 	// x: the master the watcher subscribed to (the channel's slot); y: the other.
 	slot := int(admin[0].ClusterKeySlot(ctx, s.deletesChannel()).Val())
 	x, y := 1, 0
@@ -401,7 +302,7 @@ func TestWatchDeletesClusterMigrationAndFailure(t *testing.T) {
 	}
 	for i := range 4 { // keys on both masters
 		mustDelete(t, s, "a"+strconv.Itoa(i))
-		w.wantForgot(t, "a"+strconv.Itoa(i))
+		w.WantForgot(t, "a"+strconv.Itoa(i))
 	}
 
 	// The channel's slot moves to y (no key holds it: SETSLOT NODE alone).
@@ -413,12 +314,12 @@ func TestWatchDeletesClusterMigrationAndFailure(t *testing.T) {
 	}
 	for i := range 4 {
 		mustDelete(t, s, "b"+strconv.Itoa(i))
-		w.wantForgot(t, "b"+strconv.Itoa(i))
+		w.WantForgot(t, "b"+strconv.Itoa(i))
 	}
 
 	// x dies; y forgets it and takes its slots, as a failover would.
 	nodes[x].kill()
-	w.wantReport(t, 5*time.Second)
+	w.WantReport(t)
 	if err := admin[y].Do(ctx, "cluster", "forget", ids[x]).Err(); err != nil {
 		t.Fatal(err)
 	}
@@ -432,11 +333,8 @@ func TestWatchDeletesClusterMigrationAndFailure(t *testing.T) {
 	}
 	pc.waitOK(t, admin[y])
 	start := time.Now()
-	select {
-	case <-w.resets:
-	case <-time.After(10 * time.Second):
-		t.Fatal("not subscribed again within 10s of the failover")
-	}
+	w.Wait = 10 * time.Second
+	w.WantReset(t) // subscribed again
 	t.Logf("subscribed again %v after the failover", time.Since(start))
 	// Announcements are best effort: until the client has learnt the new
 	// slot map, a PUBLISH (routed to any node) may go to the dead one and
@@ -445,7 +343,6 @@ func TestWatchDeletesClusterMigrationAndFailure(t *testing.T) {
 	for i := range 4 {
 		k := "c" + strconv.Itoa(i)
 		deadline := time.Now().Add(10 * time.Second)
-	heard:
 		for {
 			if err := s.Delete(ctx, k); err != nil {
 				// A Delete is sent once, never re-routed: on a stale slot
@@ -453,12 +350,8 @@ func TestWatchDeletesClusterMigrationAndFailure(t *testing.T) {
 				// reloaded, which nothing else asks for here.
 				cc.ReloadState(ctx)
 			}
-			select {
-			case got := <-w.forgot:
-				if got == k {
-					break heard
-				}
-			case <-time.After(200 * time.Millisecond):
+			if w.Forgot(k, 200*time.Millisecond) {
+				break
 			}
 			if time.Now().After(deadline) {
 				t.Fatalf("%q: no announcement heard within 10s after the failover", k)
