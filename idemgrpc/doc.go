@@ -107,7 +107,8 @@
 // lease ends, as after a crash: the handler may have had side effects, and a
 // retry inside the lease is answered Aborted. With Options.StoreErrors,
 // those other errors are stored instead and replayed, code, message and
-// details, to every retry inside the window, like a response. A handler
+// details, to every retry inside the window, like a response; Canceled and
+// DeadlineExceeded never are (they keep the claim). A handler
 // that panics releases the key and the panic goes on (gRPC does not recover
 // it; a recovery interceptor placed before this one answers, and the retry
 // runs the handler again). A recovery interceptor placed after this one

@@ -161,7 +161,7 @@ func (s *server) intercept(ctx context.Context, req any, info *grpc.UnaryServerI
 	var reply any
 	var herr error
 	var fe *fnError // what the handler's side gave the Guard
-	var cut bool    // the Guard, not the caller, ended the handler's context
+	var cut bool    // the Guard, not the caller, ended the handler's context, for its lease
 	res, err := s.guard.Run(ctx, storeKey, fp, func(cctx context.Context) (idempotency.Response, error) {
 		hctx := cctx
 		cs := &captureStream{ServerTransportStream: grpc.ServerTransportStreamFromContext(cctx)}
@@ -169,7 +169,10 @@ func (s *server) intercept(ctx context.Context, req any, info *grpc.UnaryServerI
 			hctx = grpc.NewContextWithServerTransportStream(cctx, cs)
 		}
 		reply, herr = handler(hctx, req)
-		cut = cctx.Err() != nil && ctx.Err() == nil
+		// A lost lease or a lease run out ends cctx with Canceled; the
+		// Guard's Timeout with DeadlineExceeded, which is no store failure
+		// and reaches the caller as the handler answers it.
+		cut = errors.Is(cctx.Err(), context.Canceled) && ctx.Err() == nil
 		resp, eerr := s.encode(reply, herr, cs.header())
 		if eerr != nil {
 			fe = &fnError{eerr}

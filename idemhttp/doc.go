@@ -109,8 +109,12 @@
 // operation a second time at once; storing the error would replay it for the
 // whole window. The middleware keeps the claim instead, stores nothing, and
 // lets the lease end (a retry meanwhile gets 409 in-flight; after it, the
-// retry runs). Two ways lead there, besides the client going away:
+// retry runs). Three ways lead there, besides the client going away:
 //
+//   - The Guard's Timeout ends the handler's context (with
+//     context.DeadlineExceeded, whether or not Detach is set) and the
+//     handler answers with a status that is not stored: it gave up partway,
+//     as when the client goes away. A stored status is stored as usual.
 //   - The handler calls KeepClaim(w) before it returns, for example after an
 //     upstream timeout once the request was sent. Whatever it writes goes to
 //     the client, whatever the status, and is not stored.

@@ -39,6 +39,7 @@ var (
 	errHijacked      = errors.New("idemhttp: connection hijacked, nothing to store")
 	errStatusRelease = errors.New("idemhttp: status not stored, key released")
 	errClientGone    = errors.New("idemhttp: client went away and the status is not stored; claim kept until the lease ends")
+	errHandlerCut    = errors.New("idemhttp: the handler's context ended (the Guard's Timeout) and the status is not stored; claim kept until the lease ends")
 	errPanic         = errors.New("idemhttp: handler panicked, key released")
 	errAborted       = errors.New("idemhttp: handler aborted the response (http.ErrAbortHandler); claim kept until the lease ends")
 	errBodyTooLarge  = errors.New("idemhttp: request body too large")
@@ -567,7 +568,7 @@ func (m *Middleware) serve(next http.Handler, w http.ResponseWriter, r *http.Req
 			}
 		}()
 		cw.serve(next, hw, r2)
-		return m.result(cw, r)
+		return m.result(cw, r, ctx)
 	}
 	res, err := m.guard.Run(ctx, storeKey, fp, fn)
 	if res.Outcome == idempotency.InFlight && m.wait > 0 {
@@ -596,7 +597,7 @@ func (m *Middleware) serve(next http.Handler, w http.ResponseWriter, r *http.Req
 			}
 		case errors.Is(err, idempotency.ErrLeaseLost):
 			outcome = LeaseLost
-		case errors.Is(err, errClientGone), errors.Is(err, ErrClaimKept):
+		case errors.Is(err, errClientGone), errors.Is(err, errHandlerCut), errors.Is(err, ErrClaimKept):
 			outcome = Abandoned
 		case idempotency.IsRetryable(err) && errors.Is(err, idempotency.ErrUnavailable):
 			// The release failed: the claim stays until its lease ends.
@@ -632,8 +633,9 @@ func (m *Middleware) serve(next http.Handler, w http.ResponseWriter, r *http.Req
 }
 
 // result turns the captured response into what the Guard stores, or into
-// an error that tells the Guard not to store it.
-func (m *Middleware) result(cw *captureWriter, r *http.Request) (idempotency.Response, error) {
+// an error that tells the Guard not to store it. hctx is the handler's
+// context.
+func (m *Middleware) result(cw *captureWriter, r *http.Request, hctx context.Context) (idempotency.Response, error) {
 	cw.finish(r)
 	if cw.hijacked {
 		return idempotency.Response{}, idempotency.Retryable(errHijacked)
@@ -646,6 +648,12 @@ func (m *Middleware) result(cw *captureWriter, r *http.Request) (idempotency.Res
 			// The client is gone and the handler gave up: it may have done
 			// part of the work, so the retry must not run it at once.
 			return idempotency.Response{}, errClientGone
+		}
+		if hctx.Err() != nil {
+			// The Guard ended the handler's context (its Timeout; a lost
+			// lease is decided by the Guard before this error counts): the
+			// handler gave up partway, as above.
+			return idempotency.Response{}, errHandlerCut
 		}
 		return idempotency.Response{}, idempotency.Retryable(errStatusRelease)
 	}

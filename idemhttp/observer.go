@@ -31,8 +31,9 @@ const (
 	Released Outcome = "released"
 	// Abandoned: the response was not stored and the claim is kept until
 	// its lease ends (side effects may have happened), then a retry runs
-	// again. It happens when the client went away and the handler answered
-	// with a status that is not stored, when the handler called KeepClaim
+	// again. It happens when the client went away, or the Guard's Timeout
+	// ended the handler's context, and the handler answered with a status
+	// that is not stored, when the handler called KeepClaim
 	// (Err: ErrClaimKept), and when it panicked with http.ErrAbortHandler.
 	Abandoned Outcome = "abandoned"
 	// NotStored: the handler ran and its response was sent, but the store
