@@ -53,14 +53,17 @@ const (
 //     tenths of Lease; negative disables renewal (the seed's behaviour).
 //   - OnRenew (nil: none) is called after every renewal attempt, with its
 //     error, from the renewing goroutine.
-//   - Timeout (0: none) bounds each run of fn, counted from its claim by
-//     the local clock: once it has passed, fn's ctx is done with
-//     context.DeadlineExceeded, and its Deadline says when. Whatever fn
-//     then returns is handled as always: an error keeps the claim until
-//     its lease ends (fn may have had effects before it stopped) unless it
-//     is Retryable; a response is stored. It costs no timer of its own: the
-//     renewal timer also keeps the timeout, which makes it cheaper than a
-//     context.WithTimeout inside fn.
+//   - Timeout (0: none) bounds each run of fn through its ctx, counted
+//     from its claim by the local clock: once it has passed, fn's ctx is
+//     done with context.DeadlineExceeded (unless the caller's ctx or a lost
+//     lease ended it first), and its Deadline says when. It stops only a
+//     fn that heeds ctx: the lease is renewed for as long as fn runs, and
+//     whatever fn then returns is handled as always: an error keeps the
+//     claim until its lease ends (fn may have had effects before it
+//     stopped) unless it is Retryable; a response is stored. It costs no
+//     timer of its own: the renewal timer also keeps the timeout, without
+//     moving a renewal, which makes it cheaper than a context.WithTimeout
+//     inside fn.
 type Guard struct {
 	Store      Store
 	Lease      time.Duration
@@ -579,11 +582,18 @@ func (c *claimCtx) finish() (leaseLost bool) {
 	return leaseLost
 }
 
-// renewer extends a claim's lease from a timer while fn runs. Renewers are
-// pooled with their timer, so a call whose fn finishes before the first
-// renewal costs no allocation for it. A renewal runs under mu, and stop
-// takes mu, so no renewal for a claim is running once stop has returned:
-// nothing outlives the call of Do.
+// renewer extends a claim's lease from a timer while fn runs, and keeps
+// Guard.Timeout on the same timer. Renewers are pooled with their timer, so
+// a call whose fn finishes before the first renewal costs no allocation for
+// it. A renewal runs under mu, and stop takes mu, so no renewal for a claim
+// is running once stop has returned: nothing outlives the call of Do.
+//
+// The timer wakes for whichever comes first, the next renewal or the
+// timeout; a firing before the renewal is due (or a stale one) only re-arms
+// it, so the timeout never moves a renewal. While a renewal waits on the
+// store under mu, the timer is armed for the timeout, which that firing
+// keeps without mu (see timeOutWhileRenewing): a slow store does not delay
+// it.
 //
 // Timers made inside a testing/synctest bubble belong to it and abort the
 // program if touched from outside, so inside a bubble a renewer is made
@@ -595,10 +605,13 @@ type renewer struct {
 
 	// cancelMu guards the cancel function of a renewal under way, so that
 	// stop can cut it short instead of waiting for it under mu (a wait that
-	// synctest cannot see as blocked, and that costs Do up to RenewEvery).
-	cancelMu sync.Mutex
-	cancel   context.CancelFunc
-	stopping bool
+	// synctest cannot see as blocked, and that costs Do up to RenewEvery),
+	// and the claim it renews with its timeout, kept meanwhile.
+	cancelMu  sync.Mutex
+	cancel    context.CancelFunc
+	stopping  bool
+	renewing  *claimCtx // the claim whose renewal is under way (nil: none)
+	renewStop time.Time // its Guard.Timeout deadline (zero: none or passed)
 
 	mu       sync.Mutex
 	g        *Guard
@@ -606,7 +619,8 @@ type renewer struct {
 	c        *claimCtx
 	key      string
 	deadline time.Time // when fn must stop by the local clock unless renewed; see leaseDeadline
-	stopAt   time.Time // Guard.Timeout's deadline (zero: none)
+	next     time.Time // when the next renewal attempt is due (zero: none, renewal off or over)
+	stopAt   time.Time // Guard.Timeout's deadline (zero: none, or passed and kept)
 }
 
 var renewers = sync.Pool{New: func() any { return newRenewer(true) }}
@@ -631,13 +645,14 @@ func startRenewer(g *Guard, cfg config, c *claimCtx, key string, now time.Time) 
 	r.mu.Lock()
 	r.g, r.cfg, r.c, r.key = g, cfg, c, key
 	r.deadline = leaseDeadline(now, cfg.lease)
-	r.stopAt = c.deadline
-	r.mu.Unlock()
-	next := cfg.renewEvery
-	if cfg.timeout > 0 && (next < 0 || cfg.timeout < next) {
-		next = cfg.timeout
+	r.next = time.Time{}
+	if cfg.renewEvery > 0 {
+		r.next = now.Add(cfg.renewEvery)
 	}
-	r.t.Reset(next)
+	r.stopAt = c.deadline
+	wait := r.due(cfg.renewEvery)
+	r.mu.Unlock()
+	r.t.Reset(wait)
 	return r
 }
 
@@ -654,6 +669,39 @@ func (r *renewer) due(d time.Duration) time.Duration {
 	return d
 }
 
+// schedule sets the next renewal attempt d from now and arms the timer for
+// it, or for the timeout if that comes first. r is locked.
+func (r *renewer) schedule(d time.Duration) {
+	r.next = time.Now().Add(d)
+	r.t.Reset(r.due(d))
+}
+
+// timeOutIfDue ends fn's ctx if Guard.Timeout has passed. r is locked.
+func (r *renewer) timeOutIfDue() {
+	if !r.stopAt.IsZero() && !time.Now().Before(r.stopAt) {
+		// Renewals go on while fn winds down: its result is still stored
+		// if it comes.
+		r.c.timeOut()
+		r.stopAt = time.Time{}
+	}
+}
+
+// timeOutWhileRenewing reports whether a renewal is waiting on the store
+// (holding mu); if so it ends fn's ctx should Guard.Timeout have passed,
+// and leaves the timer to that renewal, which re-arms it when it ends.
+func (r *renewer) timeOutWhileRenewing() bool {
+	r.cancelMu.Lock()
+	c, stopAt := r.renewing, r.renewStop
+	r.cancelMu.Unlock()
+	if c == nil {
+		return false
+	}
+	if !stopAt.IsZero() && !time.Now().Before(stopAt) {
+		c.timeOut()
+	}
+	return true
+}
+
 // stop is idempotent: the first call returns the renewer to the pool.
 func (r *renewer) stop() {
 	r.t.Stop()
@@ -664,8 +712,11 @@ func (r *renewer) stop() {
 	}
 	r.cancelMu.Unlock()
 	r.mu.Lock()
+	// Again under mu: a renewal that was under way may have armed it for
+	// the timeout.
+	r.t.Stop()
 	active := r.c != nil
-	r.g, r.c, r.key, r.stopAt = nil, nil, "", time.Time{}
+	r.g, r.c, r.key, r.next, r.stopAt = nil, nil, "", time.Time{}, time.Time{}
 	r.mu.Unlock()
 	r.cancelMu.Lock()
 	r.stopping = false
@@ -685,38 +736,38 @@ func leaseDeadline(sent time.Time, lease time.Duration) time.Time {
 }
 
 func (r *renewer) fire() {
+	if r.timeOutWhileRenewing() {
+		return
+	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.c == nil {
 		return // a stale firing after stop
 	}
 	g, c, cfg := r.g, r.c, r.cfg
-	if !r.stopAt.IsZero() && !time.Now().Before(r.stopAt) {
-		// Guard.Timeout has passed. Renewals go on while fn winds down:
-		// its result is still stored if it comes.
-		c.timeOut()
-		r.stopAt = time.Time{}
-	}
-	if cfg.renewEvery < 0 {
+	r.timeOutIfDue()
+	if r.next.IsZero() {
+		// Renewal is off, or over for this claim (its lease is lost): only
+		// the timeout may be left to keep.
 		if !r.stopAt.IsZero() {
 			r.t.Reset(r.due(-1))
 		}
 		return
 	}
-	left := time.Until(r.deadline)
-	// The renewal is due renewEvery after the last one was sent, and the
-	// deadline is lease - lease/10 after it (leaseDeadline).
-	if untilDue := left - (cfg.lease - cfg.lease/10) + cfg.renewEvery; untilDue > 0 {
-		// Woken for the timeout before the renewal is due.
-		r.t.Reset(r.due(untilDue))
+	if wait := time.Until(r.next); wait > 0 {
+		// Woken for the timeout, or by a stale firing, before the renewal
+		// is due.
+		r.t.Reset(r.due(wait))
 		return
 	}
+	left := time.Until(r.deadline)
 	if left <= 0 {
 		// The lease has run out by the local clock without a renewal:
 		// another holder may take over from now on, so fn must stop now,
 		// not after one more attempt. Whether its result may still be
 		// stored is decided by Complete's token check.
 		c.loseLease(false)
+		r.next, r.stopAt = time.Time{}, time.Time{}
 		return
 	}
 	// An attempt never outlasts the lease it tries to save.
@@ -728,7 +779,12 @@ func (r *renewer) fire() {
 		return
 	}
 	r.cancel = cancel
+	r.renewing, r.renewStop = c, r.stopAt
 	r.cancelMu.Unlock()
+	if !r.stopAt.IsZero() {
+		// The timeout is kept while the store takes its time to answer.
+		r.t.Reset(r.due(-1))
+	}
 	local := time.Now()
 	at := local
 	if g.Now != nil {
@@ -740,18 +796,23 @@ func (r *renewer) fire() {
 	stopping := r.stopping
 	r.cancelMu.Unlock()
 	cancel()
+	if !stopping && g.OnRenew != nil {
+		g.OnRenew(r.key, err) // still kept from the timer: it may be slow
+	}
+	r.cancelMu.Lock()
+	r.renewing, r.renewStop = nil, time.Time{}
+	r.cancelMu.Unlock()
 	if stopping {
 		return // fn has returned; this renewal no longer matters
 	}
-	if g.OnRenew != nil {
-		g.OnRenew(r.key, err)
-	}
+	r.timeOutIfDue()
 	switch {
 	case err == nil:
 		r.deadline = leaseDeadline(local, cfg.lease)
-		r.t.Reset(r.due(cfg.renewEvery))
+		r.schedule(cfg.renewEvery)
 	case errors.Is(err, ErrLeaseLost):
 		c.loseLease(true)
+		r.next, r.stopAt = time.Time{}, time.Time{}
 	default:
 		// Try again sooner, halving the time left each time, so that a
 		// short outage is bridged before the deadline; when the halves get
@@ -762,6 +823,6 @@ func (r *renewer) fire() {
 		if next < cfg.renewEvery/8 {
 			next = max(0, left)
 		}
-		r.t.Reset(r.due(next))
+		r.schedule(next)
 	}
 }
