@@ -64,6 +64,23 @@ func IsRetryable(err error) bool {
 
 type retryableError struct{ err error }
 
+// notRetryable is err with its Retryable mark hidden: errors.Is and As
+// still see through it, except to the mark. It carries fn's error when the
+// key could not be released for it (the lease was lost), so that a caller
+// that asks IsRetryable is not told the key was released.
+type notRetryable struct{ err error }
+
+func (e notRetryable) Error() string { return e.err.Error() }
+
+func (e notRetryable) Is(target error) bool { return errors.Is(e.err, target) }
+
+func (e notRetryable) As(target any) bool {
+	if _, ok := target.(*retryableError); ok {
+		return false
+	}
+	return errors.As(e.err, target)
+}
+
 func (e retryableError) Error() string { return e.err.Error() }
 func (e retryableError) Unwrap() error { return e.err }
 

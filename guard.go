@@ -345,7 +345,8 @@ func (g *Guard) execute(ctx context.Context, cfg config, key string, token uint6
 		lost := fmt.Errorf("idempotency: result not stored: %w", ErrLeaseLost)
 		if ferr != nil {
 			// fn's own failure is kept: it may say more than the lease.
-			return errors.Join(lost, ferr)
+			// Not released, so not Retryable whatever fn said.
+			return errors.Join(lost, notRetryable{ferr})
 		}
 		return lost
 	}

@@ -159,16 +159,21 @@ func TestLeaseLostKeepsFnError(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		store := idempotency.NewMemoryStore()
 		g := &idempotency.Guard{Store: store, Lease: 3 * time.Second}
-		fnErr := errors.New("payment declined")
+		fnErr := errors.New("payment gateway unreachable")
 		_, _, err := g.Do(context.Background(), "k", "fp", func(ctx context.Context) (idempotency.Response, error) {
 			if err := store.Delete(context.Background(), "k"); err != nil {
 				t.Fatal(err)
 			}
 			<-ctx.Done() // the next renewal finds the claim gone
-			return idempotency.Response{}, fnErr
+			return idempotency.Response{}, idempotency.Retryable(fnErr)
 		})
 		if !errors.Is(err, idempotency.ErrLeaseLost) || !errors.Is(err, fnErr) {
 			t.Errorf("Do = %v; want both ErrLeaseLost and fn's error", err)
+		}
+		// The key was not released (it is no longer this caller's): a
+		// caller asking IsRetryable must not be told it was.
+		if idempotency.IsRetryable(err) {
+			t.Errorf("Do = %v: IsRetryable after a lost lease", err)
 		}
 	})
 }
