@@ -51,6 +51,9 @@ const (
 	exitUsage = 2
 )
 
+// maxDuration is the longest -duration accepted, itself included.
+const maxDuration = 50 * time.Second
+
 // config is the parsed command line.
 type config struct {
 	seed        int64
@@ -165,7 +168,7 @@ flags:
 		})
 	}
 	fs.Int64Var(&cfg.seed, "seed", 0, "seed of every random choice (default: time-based, printed)")
-	fs.DurationVar(&cfg.duration, "duration", 0, "demo: how long to send load (default 20s, must stay under 50s)")
+	fs.DurationVar(&cfg.duration, "duration", 0, "demo: how long to send load (default 20s, at most "+maxDuration.String()+")")
 	fs.IntVar(&cfg.concurrency, "concurrency", 8, "demo: concurrent clients; target: concurrent duplicates per key (default 16 there)")
 	fs.BoolVar(&cfg.verbose, "v", false, "verbose: the demo server's log on stderr")
 	fs.StringVar(&cfg.store, "store", "", "store URL (memory, bolt:PATH, redis://..., redis+cluster://..., postgres://...): certify it, then run the demo on it")
@@ -196,8 +199,8 @@ flags:
 	}
 	var bad []string
 	badf := func(format string, a ...any) { bad = append(bad, fmt.Sprintf(format, a...)) }
-	if cfg.duration < 0 || cfg.duration > 50*time.Second {
-		badf("-duration %v: give at most 50s (0: the default)", cfg.duration)
+	if cfg.duration < 0 || cfg.duration > maxDuration {
+		badf("-duration %v: give at most %v (0: the default)", cfg.duration, maxDuration)
 	}
 	if cfg.concurrency < 1 || cfg.concurrency > 256 {
 		badf("-concurrency %d: give 1 to 256", cfg.concurrency)

@@ -10,8 +10,9 @@
 //     every run of fn, while faults come and go in phases. For redis:// and
 //     postgres:// URLs the faults are TCP faults of an in-process toxiproxy
 //     put between the store and its server (latency, connection resets,
-//     black holes); for memory and bolt: they are faultstore injectors
-//     (latency, errors, replies lost after the write was applied).
+//     black holes); for memory, bolt: and Redis Cluster URLs they are
+//     faultstore injectors (latency, errors, replies lost after the write
+//     was applied).
 //  3. Every store call of the campaign is recorded (invocation and return,
 //     arguments, answer) and each key's history is checked for
 //     linearizability by porcupine against a sequential model of the Store
@@ -23,10 +24,11 @@
 // # Clocks
 //
 // The contract's clauses move time through the now arguments, so they run
-// on a store that judges leases by the caller's clock: for redis:// and
-// postgres:// URLs Run opens a second handle with clock=caller (the
-// engines' test mode; the stored records are the same) whatever the URL
-// says. The campaign runs on the store as the URL configures it, clock
+// on a store that judges leases by the caller's clock: for every Redis URL
+// (redis://, rediss://, redis+cluster://, rediss+cluster://) and for
+// postgres:// Run opens a second handle with clock=caller (the engines'
+// test mode; the stored records are the same) whatever the URL says. The
+// campaign runs on the store as the URL configures it, clock
 // included: for a store on its server's clock the model only knows that a
 // call was judged between its invocation and its return, widened by 50ms of
 // clock skew, and checks leases as intervals.
@@ -203,9 +205,11 @@ func newRunID() string {
 func resolve(ctx context.Context, rawURL string) (*target, error) {
 	rawURL = strings.TrimSpace(rawURL)
 	scheme, _, _ := strings.Cut(rawURL, ":")
-	switch strings.ToLower(scheme) {
+	switch s := strings.ToLower(scheme); s {
 	case "redis", "rediss", "postgres", "postgresql":
-		return resolveRemote(ctx, rawURL, strings.ToLower(scheme))
+		return resolveRemote(ctx, rawURL, s)
+	case "redis+cluster", "rediss+cluster":
+		return resolveCluster(ctx, rawURL)
 	}
 	s, closer, err := storeurl.Open(ctx, rawURL, storeurl.Options{})
 	if err != nil {
@@ -328,6 +332,69 @@ func resolveRemote(ctx context.Context, rawURL, scheme string) (*target, error) 
 		return f, nil
 	}
 	return tgt, nil
+}
+
+// resolveCluster opens a Redis Cluster store: with clock=caller for the
+// contract, as the URL says for the campaign. The campaign's faults are
+// faultstore injectors: a proxy would have to stand in for every node the
+// cluster announces, and cutting the store off closes its client.
+func resolveCluster(ctx context.Context, rawURL string) (*target, error) {
+	desc := redactCluster(rawURL)
+	contractURL, clock, err := clusterCallerClock(rawURL)
+	if err != nil {
+		return nil, fmt.Errorf("storecert: %w: %s: %w", idempotency.ErrInvalidConfig, desc, err)
+	}
+	s, closer, err := storeurl.Open(ctx, contractURL, storeurl.Options{})
+	if err != nil {
+		return nil, fmt.Errorf("storecert: open %s: %w", desc, err)
+	}
+	tgt := &target{desc: desc, contract: s, serverClock: clock == "" || clock == "server",
+		closers: []func(){func() { _ = closer.Close() }}}
+	tgt.campaign = func(ctx context.Context, seed int64) (*faulty, error) {
+		cs, ccloser, err := storeurl.Open(ctx, rawURL, storeurl.Options{})
+		if err != nil {
+			return nil, fmt.Errorf("open %s: %w", desc, err)
+		}
+		f := injected(cs, ccloser, seed, true)
+		f.close = func() { _ = ccloser.Close() }
+		return f, nil
+	}
+	return tgt, nil
+}
+
+// clusterCallerClock returns the cluster URL rawURL with clock=caller, and
+// the clock it named ("" for none). A cluster URL lists several hosts, which
+// net/url need not parse (IPv6 seeds); its query is everything after the
+// first '?', as storeurl reads it.
+func clusterCallerClock(rawURL string) (callerURL, clock string, err error) {
+	base, query, _ := strings.Cut(rawURL, "?")
+	q, err := url.ParseQuery(query)
+	if err != nil {
+		return "", "", fmt.Errorf("the query does not parse: %w", err)
+	}
+	clock = q.Get("clock")
+	q.Set("clock", "caller")
+	return base + "?" + q.Encode(), clock, nil
+}
+
+// redactCluster is url.URL.Redacted for a cluster URL: the password, if
+// any, becomes xxxxx.
+func redactCluster(rawURL string) string {
+	head, query, hasQuery := strings.Cut(rawURL, "?")
+	scheme, rest, ok := strings.Cut(head, "://")
+	at := strings.LastIndex(rest, "@")
+	if !ok || at < 0 {
+		return rawURL
+	}
+	user, _, hasPassword := strings.Cut(rest[:at], ":")
+	if !hasPassword {
+		return rawURL
+	}
+	out := scheme + "://" + user + ":xxxxx" + rest[at:]
+	if hasQuery {
+		out += "?" + query
+	}
+	return out
 }
 
 // proxied is the campaign on a network store: toxiproxy toxics in phases.
