@@ -2,7 +2,9 @@ package redisstore
 
 import (
 	"context"
+	"slices"
 	"strconv"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -155,4 +157,46 @@ func TestWatchDeletesRingShardDownAndBack(t *testing.T) {
 		mustDelete(t, s, k)
 		w.WantForgot(t, k)
 	}
+}
+
+// TestWatchDeletesRingSameShardsReordered: SetAddrs with the addresses the
+// ring has already keeps its shards but may list them in another order
+// (go-redis builds the list from a map). The watcher listens on the same
+// shards as before, so it goes on without a reset: a reset drops every
+// cache entry, and a service that refreshes its addresses periodically
+// would otherwise empty its caches each time.
+func TestWatchDeletesRingSameShardsReordered(t *testing.T) {
+	addrs := map[string]string{}
+	for i := range 4 {
+		addrs["s"+strconv.Itoa(i)] = startPrivateServer(t).addr()
+	}
+	var beats atomic.Int64
+	r := redis.NewRing(&redis.RingOptions{Addrs: addrs, ContextTimeoutEnabled: true,
+		HeartbeatFrequency: 20 * time.Millisecond, DialTimeout: 200 * time.Millisecond,
+		HeartbeatFn: func(ctx context.Context, c *redis.Client) bool {
+			beats.Add(1)
+			return c.Ping(ctx).Err() == nil
+		}})
+	t.Cleanup(func() { r.Close() })
+	waitShards(t, r, len(addrs))
+	s := newStore(t, r, Options{Prefix: randomPrefix(t)})
+	w := testenv.Watch(t, s.WatchDeletes)
+
+	before := r.GetShardClients()
+	for i := 0; slices.Equal(before, r.GetShardClients()); i++ {
+		if i == 1000 {
+			t.Fatal("SetAddrs with the same addresses never listed the shards in another order")
+		}
+		r.SetAddrs(addrs)
+	}
+	if after := r.GetShardClients(); len(after) != len(before) {
+		t.Fatalf("the ring lists %d live shards after SetAddrs, want %d", len(after), len(before))
+	}
+	// Let the watcher look at the ring's shards a few times: it looks
+	// as often as the ring's heartbeat runs.
+	for n := beats.Load() + 5*int64(len(addrs)); beats.Load() < n; {
+		time.Sleep(5 * time.Millisecond)
+	}
+	mustDelete(t, s, "after-reorder")
+	w.WantForgot(t, "after-reorder") // not a reset first
 }

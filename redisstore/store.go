@@ -700,13 +700,20 @@ func (s *Store) watchRing(ctx context.Context, ring *redis.Ring, forget func(str
 				forget(e.key)
 			}
 		case <-tick.C:
-			if !slices.Equal(shards, ring.GetShardClients()) {
+			if !sameShards(shards, ring.GetShardClients()) {
 				return errShardsChanged
 			}
 		case <-ctx.Done():
 			return ctx.Err()
 		}
 	}
+}
+
+// sameShards reports whether a and b list the same shard clients, in any
+// order: SetAddrs with the ring's own addresses keeps its shards but lists
+// them anew, from a map.
+func sameShards(a, b []*redis.Client) bool {
+	return len(a) == len(b) && !slices.ContainsFunc(b, func(c *redis.Client) bool { return !slices.Contains(a, c) })
 }
 
 // receive subscribes through c and passes on what comes, calling

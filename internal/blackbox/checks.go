@@ -536,7 +536,9 @@ func (c *checker) checkLost(ctx context.Context) {
 // (keys scoped per caller), or is refused as a reuse of the key with 422
 // or 409 (keys global): either way nothing is shared and nothing runs
 // twice. A refusal passes with a note; the second caller's retry must
-// still not get the first caller's result.
+// still not get the first caller's result (the first 409 to a retry is
+// waited out for Config.Timeout, as in flight may turn into a replay), and
+// its own fresh key must run (else its 409s or 422s say nothing of scope).
 func (c *checker) checkScope(ctx context.Context) {
 	if len(c.cfg.Headers) < 2 {
 		c.rep.Skip(CheckScope, "only one credential set; give a second one to check that callers never share a key")
@@ -550,6 +552,8 @@ func (c *checker) checkScope(ctx context.Context) {
 	h0, h1 := c.cfg.Headers[0], c.cfg.Headers[1]
 	keys := 0
 	refusals := map[int]int{} // keys held by a refusal, by its status
+	freshTried := false       // the second caller has sent a fresh key of its own
+	waited := false           // a 409 to the second caller's retry has been waited out
 	for range min(c.cfg.Requests, 10) {
 		if ctx.Err() != nil {
 			break
@@ -598,7 +602,20 @@ func (c *checker) checkScope(ctx context.Context) {
 			// flight).
 			var b2 reply
 			if refused {
+				if !freshTried {
+					// Once: a caller refused whatever the key says
+					// nothing of how the first caller's key is held.
+					freshTried = true
+					problems = append(problems, c.runsFresh(ctx, h1, b)...)
+				}
 				b2, err = c.post(ctx, h1, req)
+				if err == nil && b2.status == http.StatusConflict && !waited {
+					// Once: a 409 may mean in flight, and a key held for
+					// the first caller may yet replay its answer to the
+					// second. A 409 that lasts Config.Timeout is a refusal.
+					waited = true
+					b2, err = c.waitOut(ctx, h1, req)
+				}
 			} else {
 				b2, err = c.settle(ctx, h1, req)
 			}
@@ -630,6 +647,39 @@ func (c *checker) checkScope(ctx context.Context) {
 		c.rep.Note(CheckScope, "refused cross-caller reuse: for %d of %d keys the second caller's request was refused "+
 			"(statuses %s) rather than run for it; safe, since nothing was shared or ran twice, but the target keeps "+
 			"keys global, not per caller, so one caller's key blocks another's", n, keys, statusCounts(refusals))
+	}
+}
+
+// runsFresh returns what is wrong when the second caller, whose request
+// on the first caller's key was refused with refusal, sends a fresh key of
+// its own: anything but 2xx.
+func (c *checker) runsFresh(ctx context.Context, h1 http.Header, refusal reply) []string {
+	req := c.next()
+	r, err := c.post(ctx, h1, req)
+	switch {
+	case err != nil:
+		return []string{fmt.Sprintf("the second caller's request on a fresh key of its own (%s) failed: %v", req.key, err)}
+	case !r.ok():
+		return []string{fmt.Sprintf("the second caller's request on a fresh key of its own (%s) answered %s, want 2xx: "+
+			"its %d on the first caller's key is no refusal of that key's reuse", req.key, r, refusal.status)}
+	}
+	return nil
+}
+
+// waitOut sends req as hdr until it answers other than 409 or
+// Config.Timeout has passed, and returns the last answer. Unlike settle,
+// a key that stays 409 does not mark the target stuck: here that is a
+// refusal.
+func (c *checker) waitOut(ctx context.Context, hdr http.Header, req request) (reply, error) {
+	deadline := time.Now().Add(c.cfg.Timeout)
+	for {
+		r, err := c.post(ctx, hdr, req)
+		if err != nil || r.status != http.StatusConflict || time.Now().After(deadline) {
+			return r, err
+		}
+		if !sleep(ctx, 50*time.Millisecond) {
+			return r, ctx.Err()
+		}
 	}
 }
 

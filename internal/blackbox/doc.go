@@ -53,8 +53,11 @@
 //     their reuse by another caller refused): nothing is shared and
 //     nothing runs twice, so that passes, with the note "refused
 //     cross-caller reuse" in the report, and the second caller's retry
-//     must still not get the first caller's result. Any other answer to
-//     the second caller fails. Skipped with one credential set.
+//     must still not get the first caller's result (once per run, a 409 to
+//     that retry is waited out for up to Config.Timeout: in flight may yet
+//     turn into a replay), and a fresh key of the second caller's own must
+//     run (2xx). Any other answer to the second caller fails. Skipped with
+//     one credential set.
 //   - CheckVisible: the target's answers identify executions, or it marks
 //     its replays. Without either, no check could have seen an operation
 //     run twice (a target that runs every request would pass them all), so

@@ -27,7 +27,18 @@ const (
 	// replayFirst keeps one record per key and replays the first caller's
 	// answer to anyone who sends the key with the same body: a leak.
 	replayFirst
+	// inFlightThenReplay keeps one record per key, answers another
+	// caller 409 (in flight) on its first requests, then replays the
+	// first caller's answer to it: a leak, only later.
+	inFlightThenReplay
+	// refuseCaller409 answers every request of the second caller 409,
+	// whatever the key, fresh ones too: its 409s say nothing of scope.
+	refuseCaller409
 )
+
+// inFlightAnswers is how many of another caller's requests on a key
+// inFlightThenReplay answers 409 before it replays.
+const inFlightAnswers = 3
 
 // scopeServer is an idempotent orders server, correct for one caller (keys
 // parsed per the draft, claimed and run under one lock, replays marked,
@@ -59,6 +70,12 @@ func (s *scopeServer) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	caller := r.Header.Get("Authorization")
+	if s.cross == refuseCaller409 && caller == twoCallers[1].Get("Authorization") {
+		s.strangers.Add(1)
+		w.WriteHeader(http.StatusConflict)
+		_, _ = io.WriteString(w, `{"error":"a request of yours is in flight"}`)
+		return
+	}
 	if s.cross != runSeparately {
 		id = key // one record per key, whoever sent it
 	}
@@ -85,6 +102,10 @@ func (s *scopeServer) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		case refuseThenReplay:
 			if rec.strangers == 1 {
 				refuse = http.StatusUnprocessableEntity
+			}
+		case inFlightThenReplay:
+			if rec.strangers <= inFlightAnswers {
+				refuse = http.StatusConflict
 			}
 		}
 		if refuse != 0 {
@@ -157,6 +178,7 @@ func TestScopeLeakFails(t *testing.T) {
 	}{
 		{"replays the first caller's answer", replayFirst, "the second caller got the first caller's result"},
 		{"refuses, then replays it to the retry", refuseThenReplay, "the second caller's retry got the first caller's result"},
+		{"in flight, then replays it to a later retry", inFlightThenReplay, "the second caller's retry got the first caller's result"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			s := newScopeServer(tc.cross)
@@ -166,5 +188,20 @@ func TestScopeLeakFails(t *testing.T) {
 				t.Errorf("scope example %q does not say %q", ex, tc.want)
 			}
 		})
+	}
+}
+
+// A target that answers the second caller 409 whatever the key, its own
+// fresh keys too, has not refused a reuse of the first caller's key: the
+// scope check cannot hold on its 409s.
+func TestScopeCallerRefusedOnFreshKeysFails(t *testing.T) {
+	s := newScopeServer(refuseCaller409)
+	rep := run(t, testConfig(serve(t, s)))
+	if s.strangers.Load() == 0 {
+		t.Fatal("the second caller sent nothing")
+	}
+	wantFailed(t, rep, CheckScope)
+	if ex, want := example(rep, CheckScope), "a fresh key of its own"; !strings.Contains(ex, want) {
+		t.Errorf("scope example %q does not say %q", ex, want)
 	}
 }
