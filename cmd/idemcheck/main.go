@@ -340,10 +340,14 @@ func runTargetMode(ctx context.Context, cfg *config, rep *verdict.Report, prog *
 		Timeout: cfg.timeout, Requests: cfg.requests, Window: cfg.window}, rep, prog.lines())
 }
 
-// repro is the command that repeats the run: the same flags, the seed fixed.
+// repro is the command that repeats the run: the same flags, the seed
+// fixed, and secrets hidden (a URL's password, the value of a header that
+// carries credentials), since the line goes to logs; they show as xxxxx,
+// to be put back by whoever repeats the run.
 func repro(cfg *config, args []string) string {
 	parts := []string{"go", "run", "./cmd/idemcheck", "-seed", strconv.FormatInt(cfg.seed, 10)}
 	skip := false
+	prev := ""
 	for _, a := range args {
 		if skip {
 			skip = false
@@ -353,6 +357,17 @@ func repro(cfg *config, args []string) string {
 		if strings.HasPrefix(a, "-") && (name == "seed" || strings.HasPrefix(name, "seed=")) {
 			skip = name == "seed"
 			continue
+		}
+		flagName, value, inline := strings.Cut(name, "=")
+		switch {
+		case !strings.HasPrefix(a, "-"):
+			a = hideSecret(prev, a)
+		case inline:
+			a = a[:len(a)-len(value)] + hideSecret(flagName, value)
+		}
+		prev = ""
+		if strings.HasPrefix(a, "-") && !inline {
+			prev = flagName
 		}
 		parts = append(parts, shellQuote(a))
 	}
@@ -371,11 +386,55 @@ func shellQuote(s string) string {
 	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
 }
 
-// redact hides a password in a store URL for printing.
+// hideSecret hides what the value of flag may hold of a secret: a URL's
+// password (-store, -target) or a credential header's value (-header).
+func hideSecret(flag, value string) string {
+	switch flag {
+	case "store", "target":
+		return redact(value)
+	case "header":
+		name, _, ok := strings.Cut(value, ":")
+		if ok && secretHeader(strings.TrimSpace(name)) {
+			return name + ": xxxxx"
+		}
+	}
+	return value
+}
+
+// secretHeader reports whether a header of this name carries credentials.
+func secretHeader(name string) bool {
+	n := strings.ToLower(name)
+	switch n {
+	case "authorization", "proxy-authorization", "cookie":
+		return true
+	}
+	for _, part := range []string{"token", "secret", "key", "auth", "password", "session"} {
+		if strings.Contains(n, part) && n != "idempotency-key" {
+			return true
+		}
+	}
+	return false
+}
+
+// redact hides the password of a URL for printing, also of one that
+// net/url cannot parse (a cluster URL with several or IPv6 hosts): the
+// text between the first ':' of the user information and its last '@'.
 func redact(s string) string {
-	u, err := url.Parse(s)
-	if err != nil || u.User == nil {
+	scheme, rest, ok := strings.Cut(s, "://")
+	if !ok {
 		return s
 	}
-	return u.Redacted()
+	authority := rest
+	if i := strings.IndexAny(rest, "/?#"); i >= 0 && !strings.Contains(rest[i:], "@") {
+		authority = rest[:i]
+	}
+	at := strings.LastIndex(authority, "@")
+	if at < 0 {
+		return s
+	}
+	user, _, hasPassword := strings.Cut(authority[:at], ":")
+	if !hasPassword {
+		return s
+	}
+	return scheme + "://" + user + ":xxxxx" + rest[at:]
 }

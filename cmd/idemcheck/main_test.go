@@ -175,8 +175,17 @@ func TestRepro(t *testing.T) {
 		{[]string{"-seed", "9", "-duration", "5s"}, "go run ./cmd/idemcheck -seed 42 -duration 5s"},
 		{[]string{"-seed=9", "-store", "redis://127.0.0.1:6379/0?prefix=x:"},
 			"go run ./cmd/idemcheck -seed 42 -store 'redis://127.0.0.1:6379/0?prefix=x:' -duration 20s"},
+		// Secrets go to logs hidden: a URL's password, credential headers.
 		{[]string{"-target", "http://h/o", "-header", "Authorization: Bearer x"},
-			"go run ./cmd/idemcheck -seed 42 -target http://h/o -header 'Authorization: Bearer x'"},
+			"go run ./cmd/idemcheck -seed 42 -target http://h/o -header 'Authorization: xxxxx'"},
+		{[]string{"-target", "http://h/o", "-header=X-Api-Key: k1", "-header", "X-Tenant: t1", "-header", "Idempotency-Key: a"},
+			"go run ./cmd/idemcheck -seed 42 -target http://h/o '-header=X-Api-Key: xxxxx' -header 'X-Tenant: t1' -header 'Idempotency-Key: a'"},
+		{[]string{"-store", "redis://u:s3cret@127.0.0.1:6379/0"},
+			"go run ./cmd/idemcheck -seed 42 -store redis://u:xxxxx@127.0.0.1:6379/0 -duration 20s"},
+		{[]string{"-store=redis+cluster://:s3cret@[::1]:7000,[::1]:7001?prefix=a:"},
+			"go run ./cmd/idemcheck -seed 42 '-store=redis+cluster://:xxxxx@[::1]:7000,[::1]:7001?prefix=a:' -duration 20s"},
+		{[]string{"-target", "http://u:pw@h/o"},
+			"go run ./cmd/idemcheck -seed 42 -target http://u:xxxxx@h/o"},
 	} {
 		cfg, err := parse(tc.args, io.Discard)
 		if err != nil {
