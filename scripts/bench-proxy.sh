@@ -2,11 +2,14 @@
 # bench-proxy.sh [STORE...]  idemproxy under wrk against a plain stdlib
 # httputil.ReverseProxy in front of the same upstream, in the same run.
 #
-# STOREs are any of memory, bolt, redis (default: all three; redis is a
-# private redis-server on a free port, no persistence), each with
+# STOREs are any of memory, bolt, redis, postgres (default: the first
+# three; redis is a private redis-server on a free port, no persistence;
+# postgres is the server at $BENCH_POSTGRES_URL, default
+# postgres://postgres@127.0.0.1:5432/test?sslmode=disable, in a schema of
+# this run's own, dropped at the end with psql), each with
 # idemproxy's defaults (-replay-cache auto: a replay cache on Redis and PostgreSQL),
-# and with a suffix: bolt-cache, redis-cache (-replay-cache 1s) or
-# redis-nocache (-replay-cache 0). For each store and
+# and with a suffix: -cache (-replay-cache 1s) or -nocache
+# (-replay-cache 0), e.g. redis-nocache. For each store and
 # each workload the plain proxy and idemproxy are measured in alternating
 # runs (plain, idemproxy, plain, idemproxy, ...) and the ratio of their mean
 # requests/s is printed, with each proxy's CPU time per request (from
@@ -48,7 +51,10 @@ fi
 dir=$(mktemp -d)
 pids=()
 redis_port=
+pg_schema=
+pg_base=${BENCH_POSTGRES_URL:-postgres://postgres@127.0.0.1:5432/test?sslmode=disable}
 cleanup() {
+	if [[ -n $pg_schema ]]; then psql -q "$pg_base" -c "DROP SCHEMA IF EXISTS $pg_schema CASCADE" >/dev/null 2>&1 || true; fi
 	for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
 	for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
 	if [[ -n $redis_port ]]; then redis-cli -p "$redis_port" shutdown nosave >/dev/null 2>&1 || true; fi
@@ -134,8 +140,14 @@ for store in "${stores[@]}"; do
 		fi
 		url="redis://127.0.0.1:$redis_port/0?prefix=bench:"
 		;;
+	postgres)
+		pg_schema=${pg_schema:-bench_proxy_$$}
+		sep='?'
+		[[ $pg_base == *\?* ]] && sep='&'
+		url="$pg_base${sep}schema=$pg_schema"
+		;;
 	*)
-		echo "bench-proxy: unknown store $store (memory, bolt, redis, with -cache or -nocache)" >&2
+		echo "bench-proxy: unknown store $store (memory, bolt, redis, postgres, with -cache or -nocache)" >&2
 		exit 2
 		;;
 	esac
