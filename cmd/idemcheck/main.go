@@ -34,6 +34,7 @@ import (
 	"github.com/archlab/idempotency/internal/blackbox"
 	"github.com/archlab/idempotency/internal/demo"
 	"github.com/archlab/idempotency/internal/storecert"
+	"github.com/archlab/idempotency/internal/storeurl"
 	"github.com/archlab/idempotency/internal/verdict"
 )
 
@@ -316,7 +317,7 @@ func judged(rep *verdict.Report) error {
 
 func runDemoMode(ctx context.Context, cfg *config, rep *verdict.Report, prog *progress, stderr io.Writer) error {
 	if cfg.store != "" {
-		fmt.Fprintf(prog.w, "certifying store %s\n", redact(cfg.store))
+		fmt.Fprintf(prog.w, "certifying store %s\n", storeurl.Redact(cfg.store))
 		if err := storecert.Run(ctx, cfg.store, storecert.Options{Seed: cfg.seed, Duration: cfg.duration,
 			Concurrency: cfg.concurrency, Progress: prog.lines()}, rep); err != nil {
 			return fmt.Errorf("store certification: %w", err)
@@ -391,7 +392,7 @@ func shellQuote(s string) string {
 func hideSecret(flag, value string) string {
 	switch flag {
 	case "store", "target":
-		return redact(value)
+		return storeurl.Redact(value)
 	case "header":
 		name, _, ok := strings.Cut(value, ":")
 		if ok && secretHeader(strings.TrimSpace(name)) {
@@ -414,27 +415,4 @@ func secretHeader(name string) bool {
 		}
 	}
 	return false
-}
-
-// redact hides the password of a URL for printing, also of one that
-// net/url cannot parse (a cluster URL with several or IPv6 hosts): the
-// text between the first ':' of the user information and its last '@'.
-func redact(s string) string {
-	scheme, rest, ok := strings.Cut(s, "://")
-	if !ok {
-		return s
-	}
-	authority := rest
-	if i := strings.IndexAny(rest, "/?#"); i >= 0 && !strings.Contains(rest[i:], "@") {
-		authority = rest[:i]
-	}
-	at := strings.LastIndex(authority, "@")
-	if at < 0 {
-		return s
-	}
-	user, _, hasPassword := strings.Cut(authority[:at], ":")
-	if !hasPassword {
-		return s
-	}
-	return scheme + "://" + user + ":xxxxx" + rest[at:]
 }

@@ -11,6 +11,8 @@ import (
 	"net/url"
 	"strings"
 	"time"
+
+	"github.com/archlab/idempotency/internal/storeurl"
 )
 
 // config is the proxy's configuration, from flags, each of which may also
@@ -160,7 +162,7 @@ IDEMPROXY_UPSTREAM_TIMEOUT, ...); a flag on the command line wins.
 	bad := func(name, format string, args ...any) error {
 		v := fs.Lookup(name).Value.String()
 		if name == "upstream" {
-			v = redactURL(v)
+			v = storeurl.Redact(v)
 		}
 		src := fmt.Sprintf("-%s %q", name, v)
 		if env, ok := fromEnv[name]; ok {

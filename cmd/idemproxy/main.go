@@ -57,10 +57,8 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
-	"net/url"
 	"os"
 	"os/signal"
-	"strings"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -210,7 +208,7 @@ func serve(ctx context.Context, cfg *config, log *slog.Logger) error {
 	}
 	errc := make(chan error, 2)
 	go func() { errc <- srv.Serve(ln) }()
-	attrs := []any{"proxy", ln.Addr().String(), "upstream", cfg.upstream.Redacted(), "store", redactURL(cfg.store)}
+	attrs := []any{"proxy", ln.Addr().String(), "upstream", cfg.upstream.Redacted(), "store", storeurl.Redact(cfg.store)}
 	if adminSrv != nil {
 		go func() { errc <- adminSrv.Serve(adminLn) }()
 		attrs = append(attrs, "admin", adminLn.Addr().String())
@@ -306,45 +304,6 @@ func startSweeper(s sweeper, every time.Duration, limit int, log *slog.Logger) (
 		cancel()
 		<-done
 	}
-}
-
-// redactURL hides the secrets of a store or upstream URL for the logs and
-// errors: the password of its user info and the values of its password
-// and sslpassword query parameters (pgx takes both from the query).
-func redactURL(s string) string {
-	scheme, rest, ok := strings.Cut(s, "://")
-	if !ok {
-		return s
-	}
-	// The authority ends where url.Parse ends it; its user info, at the
-	// last '@' (a password may hold a raw '@').
-	end := strings.IndexAny(rest, "/?#")
-	if end < 0 {
-		end = len(rest)
-	}
-	authority, tail := rest[:end], rest[end:]
-	if at := strings.LastIndex(authority, "@"); at >= 0 {
-		if user, _, hasPass := strings.Cut(authority[:at], ":"); hasPass {
-			authority = user + ":xxxxx" + authority[at:]
-		}
-	}
-	path, query, hasQuery := strings.Cut(tail, "?")
-	if !hasQuery {
-		return scheme + "://" + authority + tail
-	}
-	query, fragment, hasFragment := strings.Cut(query, "#")
-	params := strings.Split(query, "&")
-	for i, p := range params {
-		k, _, _ := strings.Cut(p, "=")
-		if name, err := url.QueryUnescape(k); err == nil && (name == "password" || name == "sslpassword") {
-			params[i] = k + "=xxxxx"
-		}
-	}
-	out := scheme + "://" + authority + path + "?" + strings.Join(params, "&")
-	if hasFragment {
-		out += "#" + fragment
-	}
-	return out
 }
 
 // operate runs an operator command on a store.

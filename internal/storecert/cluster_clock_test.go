@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/archlab/idempotency/idemtest"
+	"github.com/archlab/idempotency/internal/storeurl"
 	"github.com/archlab/idempotency/internal/testenv"
 )
 
@@ -100,8 +101,8 @@ func TestClusterCallerClock(t *testing.T) {
 		if err != nil || got != tc.want || clock != tc.clock {
 			t.Errorf("clusterCallerClock(%q) = %q, %q, %v; want %q, %q, nil", tc.url, got, clock, err, tc.want, tc.clock)
 		}
-		if got := redactCluster(tc.url); got != tc.redacted {
-			t.Errorf("redactCluster(%q) = %q, want %q", tc.url, got, tc.redacted)
+		if got := storeurl.Redact(tc.url); got != tc.redacted {
+			t.Errorf("storeurl.Redact(%q) = %q, want %q", tc.url, got, tc.redacted)
 		}
 	}
 	if _, _, err := clusterCallerClock("redis+cluster://h1:7000?clock=%zz"); err == nil {

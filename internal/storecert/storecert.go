@@ -339,7 +339,7 @@ func resolveRemote(ctx context.Context, rawURL, scheme string) (*target, error) 
 // faultstore injectors: a proxy would have to stand in for every node the
 // cluster announces, and cutting the store off closes its client.
 func resolveCluster(ctx context.Context, rawURL string) (*target, error) {
-	desc := redactCluster(rawURL)
+	desc := storeurl.Redact(rawURL)
 	contractURL, clock, err := clusterCallerClock(rawURL)
 	if err != nil {
 		return nil, fmt.Errorf("storecert: %w: %s: %w", idempotency.ErrInvalidConfig, desc, err)
@@ -375,26 +375,6 @@ func clusterCallerClock(rawURL string) (callerURL, clock string, err error) {
 	clock = q.Get("clock")
 	q.Set("clock", "caller")
 	return base + "?" + q.Encode(), clock, nil
-}
-
-// redactCluster is url.URL.Redacted for a cluster URL: the password, if
-// any, becomes xxxxx.
-func redactCluster(rawURL string) string {
-	head, query, hasQuery := strings.Cut(rawURL, "?")
-	scheme, rest, ok := strings.Cut(head, "://")
-	at := strings.LastIndex(rest, "@")
-	if !ok || at < 0 {
-		return rawURL
-	}
-	user, _, hasPassword := strings.Cut(rest[:at], ":")
-	if !hasPassword {
-		return rawURL
-	}
-	out := scheme + "://" + user + ":xxxxx" + rest[at:]
-	if hasQuery {
-		out += "?" + query
-	}
-	return out
 }
 
 // proxied is the campaign on a network store: toxiproxy toxics in phases.
