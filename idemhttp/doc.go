@@ -123,7 +123,9 @@
 //     the middle of the body (or whose client went away while it was
 //     copied). The panic is passed on after the claim is settled, so the
 //     server still aborts the response. Any other panic releases the key and
-//     goes on.
+//     goes on (the middleware tries the Release a second time if the
+//     Guard's failed; if that fails too, the claim stays until its lease
+//     ends, and the Observer sees Abandoned).
 //
 // The Observer sees Abandoned in each case.
 //

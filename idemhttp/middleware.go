@@ -41,6 +41,7 @@ var (
 	errClientGone    = errors.New("idemhttp: client went away and the status is not stored; claim kept until the lease ends")
 	errHandlerCut    = errors.New("idemhttp: the handler's context ended (the Guard's Timeout) and the status is not stored; claim kept until the lease ends")
 	errPanic         = errors.New("idemhttp: handler panicked, key released")
+	errPanicKept     = errors.New("idemhttp: handler panicked and the key could not be released; claim kept until the lease ends")
 	errAborted       = errors.New("idemhttp: handler aborted the response (http.ErrAbortHandler); claim kept until the lease ends")
 	errBodyTooLarge  = errors.New("idemhttp: request body too large")
 )
@@ -366,6 +367,8 @@ type state struct {
 	cw      captureWriter
 	bodyBuf []byte
 	key     []byte
+	// token is the claim's fencing token once the handler runs.
+	token uint64
 }
 
 // maxPooledBuffer bounds the buffers kept in the pool; a larger one (after
@@ -531,14 +534,14 @@ func (m *Middleware) serve(next http.Handler, w http.ResponseWriter, r *http.Req
 	cw := &st.cw
 	cw.reset(w, m)
 	finished := false
-	if m.observer != nil {
-		defer func() {
-			if !finished {
-				m.observe(r, Released, cw.status, start, errPanic)
-			}
-		}()
-	}
+	st.token = 0
+	defer func() {
+		if !finished {
+			m.afterPanic(r, storeKey, st.token, cw.status, start)
+		}
+	}()
 	fn := func(ctx context.Context) (resp idempotency.Response, err error) {
+		st.token, _ = idempotency.TokenFrom(ctx)
 		r2 := r.WithContext(ctx)
 		// The handler's writer and body may be used after the handler
 		// returns (an http.Transport copies a proxied request's body from
@@ -748,6 +751,29 @@ func (m *Middleware) replay(w http.ResponseWriter, res idempotency.Result) (Outc
 		h[name] = resp.Header[trailerKey+name]
 	}
 	return Replayed, resp.Status
+}
+
+// afterPanic runs when the handler panicked (with anything but
+// http.ErrAbortHandler) or called runtime.Goexit, once the Guard has tried
+// to release the claim named by token. The Guard cannot report a Release
+// that failed then, so the middleware releases it once more: a claim left
+// behind by a store blip would make every retry wait out the lease. If the
+// store still refuses, the claim stays until its lease ends, and the
+// Observer sees Abandoned instead of Released.
+func (m *Middleware) afterPanic(r *http.Request, key string, token uint64, status int, start time.Time) {
+	if token == 0 {
+		// The panic came before the handler ran: nothing was claimed.
+		m.observe(r, Released, status, start, errPanic)
+		return
+	}
+	err := m.guard.Store.Release(context.WithoutCancel(r.Context()), key, token)
+	if err != nil && !errors.Is(err, idempotency.ErrLeaseLost) {
+		// ErrLeaseLost: the Guard's Release went through (or the key was
+		// taken over); either way this claim no longer holds it.
+		m.observe(r, Abandoned, status, start, errors.Join(errPanicKept, err))
+		return
+	}
+	m.observe(r, Released, status, start, errPanic)
 }
 
 func (m *Middleware) observe(r *http.Request, o Outcome, status int, start time.Time, err error) {

@@ -26,15 +26,17 @@ const (
 	// holder took the key over; the response was not stored.
 	LeaseLost Outcome = "lease_lost"
 	// Released: the handler ran, its response was not stored (storage
-	// policy, Hijack or a panic other than http.ErrAbortHandler) and the key was released for an immediate
-	// retry.
+	// policy, Hijack or a panic other than http.ErrAbortHandler) and the
+	// key was released for an immediate retry.
 	Released Outcome = "released"
 	// Abandoned: the response was not stored and the claim is kept until
 	// its lease ends (side effects may have happened), then a retry runs
 	// again. It happens when the client went away, or the Guard's Timeout
 	// ended the handler's context, and the handler answered with a status
 	// that is not stored, when the handler called KeepClaim
-	// (Err: ErrClaimKept), and when it panicked with http.ErrAbortHandler.
+	// (Err: ErrClaimKept), when it panicked with http.ErrAbortHandler, and
+	// when it panicked otherwise but the store refused to release the key
+	// (Err wraps the store's error).
 	Abandoned Outcome = "abandoned"
 	// NotStored: the handler ran and its response was sent, but the store
 	// failed to record it (or, for a response not to be stored, to release
