@@ -41,6 +41,37 @@
 // together with bbolt's error. A write whose
 // ctx ends while it waits for its commit returns an error wrapping
 // ErrUnavailable and ctx.Err(): it may or may not have been applied.
+//
+// A failing disk. When a commit fails (the disk is full, a write or an
+// fsync fails), every write of its batch fails with ErrUnavailable wrapping
+// the native error (syscall.ENOSPC, syscall.EIO, ...); none is acknowledged.
+// What happens next depends on how far bbolt got:
+//
+//   - It failed before writing the transaction's meta page: growing the
+//     file, writing the new pages (ENOSPC on a full disk lands here), or
+//     syncing them. bbolt writes a transaction to pages that no committed
+//     transaction uses and makes it visible only by its meta page, so the
+//     file, and bbolt's view of it, are still those of the last commit;
+//     even pages a failed sync dropped are unused, and are written afresh
+//     when reused. The Store stays open: reads answer as before, a failed
+//     claim leaves nothing behind, and writes succeed again once the disk
+//     has room.
+//   - It wrote the meta page but could not sync it, or bbolt failed in a
+//     way that leaves no usable view (a failed mmap, a panic). bbolt then
+//     shows the failed transaction to every later one although the disk may
+//     never hold it: Linux reports a failed writeback once and may drop the
+//     pages while the page cache still shows them ("fsyncgate"). So the
+//     Store fails closed: every later call returns an error wrapping
+//     ErrUnavailable, ErrFailedClosed and the original error, and no answer
+//     or write rests on that state, until the Store is closed and opened
+//     again, which reads the file as it is on disk. With New, the caller
+//     closes and reopens its DB too.
+//
+// An operator who sees ENOSPC frees space (or grows the volume); with
+// ErrFailedClosed, or EIO, they also restart the process (or Close and Open
+// the Store) once the disk works. Every write acknowledged before the
+// failure is in the reopened file; a write that failed may or may not be,
+// as ErrUnavailable always says.
 package boltstore
 
 import (
@@ -120,6 +151,9 @@ type Store struct {
 	// pending is the committer's transaction under way, until its Update
 	// returns; see read.
 	pending atomic.Pointer[pendingCommit]
+	// failed is set once, before the failed commit's pending is done, when
+	// the Store fails closed; see failClosed.
+	failed atomic.Pointer[error]
 
 	reqs      chan *op
 	quit      chan struct{}
@@ -138,6 +172,14 @@ var (
 
 // errClosed is the native error of every call after Close.
 var errClosed = fmt.Errorf("boltstore: store closed: %w", bolt.ErrDatabaseNotOpen)
+
+// ErrFailedClosed is wrapped, with idempotency.ErrUnavailable and the error
+// of the failed commit, by every call of a Store that stopped because a
+// commit failed in a way that leaves bbolt showing what the disk may not
+// hold (see "A failing disk" in the package documentation). Close the
+// Store and open it again once the disk works; retrying on the same Store
+// fails the same way.
+var ErrFailedClosed = errors.New("boltstore: failed closed after a commit failed; close and reopen the store")
 
 // maxKeyLen is the longest idempotency key stored: bbolt's key limit less
 // the expiry index's 8-byte prefix.
@@ -537,6 +579,11 @@ func (s *Store) read(ctx context.Context, key string, useUnsynced func(cur rec, 
 		// it, after pending was set: a snapshot of the commit under way
 		// finds it here.
 		p := s.pending.Load()
+		// A commit that failed the Store closed did so before its pending
+		// was cleared or done: this snapshot may show it.
+		if ferr := s.failure(); ferr != nil {
+			return rec{}, false, ferr
+		}
 		if err != nil || p == nil || p.txid != txid || useUnsynced != nil && useUnsynced(cur, found) {
 			return cur, found, err
 		}
@@ -787,6 +834,9 @@ func (s *Store) write(ctx context.Context, name string, fn func(buckets) error) 
 	if s.closed.Load() {
 		return fmt.Errorf("boltstore: %s: %w: %w", name, idempotency.ErrUnavailable, errClosed)
 	}
+	if ferr := s.failure(); ferr != nil {
+		return fmt.Errorf("boltstore: %s: %w: %w", name, idempotency.ErrUnavailable, ferr)
+	}
 	if s.solo {
 		s.commits.Add(1)
 		err := s.update(func(tx *bolt.Tx) error {
@@ -898,14 +948,24 @@ func (s *Store) failQueued() {
 
 // update is db.Update that turns a panic into an error: the committer must
 // outlive a bug in one write, or every later caller would wait forever. It
-// marks its transaction pending until Update has returned (see read).
+// marks its transaction pending until Update has returned (see read). A
+// transaction that failed is checked by failClosed before it is done, so
+// that no reader waiting for it answers from it.
 func (s *Store) update(fn func(*bolt.Tx) error) (err error) {
-	var p *pendingCommit
+	var (
+		p      *pendingCommit
+		fnDone bool // fn returned: a panic after it is bbolt's
+	)
 	defer func() {
+		bboltPanic := false
 		if r := recover(); r != nil {
 			err = fmt.Errorf("boltstore: panic in a write transaction: %v", r)
+			bboltPanic = fnDone
 		}
 		if p != nil {
+			if err != nil {
+				s.failClosed(p.txid, err, bboltPanic)
+			}
 			s.pending.CompareAndSwap(p, nil)
 			close(p.done)
 		}
@@ -913,14 +973,67 @@ func (s *Store) update(fn func(*bolt.Tx) error) (err error) {
 	return s.db.Update(func(tx *bolt.Tx) error {
 		p = &pendingCommit{txid: tx.ID(), done: make(chan struct{})}
 		s.pending.Store(p)
-		return fn(tx)
+		err := fn(tx)
+		fnDone = true
+		return err
 	})
+}
+
+// failClosed decides, after the write transaction txid failed with err,
+// whether the Store can go on, and fails it closed if not.
+//
+// bbolt (v1.5, Tx.Commit) writes a transaction in order: new pages, which
+// no committed transaction uses, then fdatasync, then the meta page that
+// makes the transaction current, then fdatasync again. A failure before the
+// meta page is written (spill, grow, a page write or its sync) is rolled
+// back and leaves the last commit current on disk and in memory: safe to
+// go on (and a write's own error, which rolls back before Commit, is too).
+// Once the meta page has reached the page cache, bbolt reads it back from
+// its mmap: later transactions, read and write, start from the failed one,
+// whose meta page the disk may not have (the sync failed) and never get
+// unless a later commit happens to supersede it. A read transaction tells
+// the two apart: it starts at the current meta page's transaction. One
+// that cannot start (bbolt lost its mmap) or a panic inside bbolt leaves
+// nothing to trust either.
+func (s *Store) failClosed(txid int, err error, bboltPanic bool) {
+	if !bboltPanic {
+		shown := -1
+		verr := s.db.View(func(tx *bolt.Tx) error {
+			shown = tx.ID()
+			return nil
+		})
+		if verr == nil && shown < txid {
+			return
+		}
+		if verr != nil {
+			err = fmt.Errorf("%w (then a read failed: %w)", err, verr)
+		}
+	}
+	ferr := fmt.Errorf("%w: transaction %d: %w", ErrFailedClosed, txid, err)
+	s.failed.CompareAndSwap(nil, &ferr)
+}
+
+// failure is the error every call returns once the Store failed closed,
+// or nil.
+func (s *Store) failure() error {
+	if p := s.failed.Load(); p != nil {
+		return *p
+	}
+	return nil
 }
 
 // commit applies ops in one transaction. A write that fails is taken out
 // and the rest re-run, so that one bad write does not fail its neighbours.
 func (s *Store) commit(ops []*op) {
 	for len(ops) > 0 {
+		if ferr := s.failure(); ferr != nil {
+			// Nothing more is written on a state the disk may not hold.
+			for _, o := range ops {
+				o.err = ferr
+				close(o.done)
+			}
+			return
+		}
 		failed := -1
 		var ferr error
 		s.commits.Add(1)
@@ -939,6 +1052,9 @@ func (s *Store) commit(ops []*op) {
 			close(o.done)
 			ops = append(ops[:failed], ops[failed+1:]...)
 			continue
+		}
+		if ferr := s.failure(); err != nil && ferr != nil {
+			err = ferr // it wraps err, and says the Store must be reopened
 		}
 		for _, o := range ops {
 			o.err = err
