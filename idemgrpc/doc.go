@@ -21,8 +21,9 @@
 // streaming call runs as it is, with or without a key.
 //
 // Keys are namespaced by Options.Scope, by default the caller's
-// "authorization" metadata (DefaultScope), so that one caller's stored
-// response is never replayed to another. Put authentication before this
+// "authorization" metadata or, without one, the identity in its TLS client
+// certificate (DefaultScope), so that one caller's stored response is never
+// replayed to another. Put authentication before this
 // interceptor in the chain: a replay, an in-flight or a conflict answer
 // does not reach what comes after it.
 //
@@ -85,7 +86,7 @@
 //     Options.OnStoreError only.
 //   - A key is required but missing or malformed: InvalidArgument.
 //   - The caller's context ended before the key could be claimed:
-//     Canceled or DeadlineExceeded.
+//     Canceled or DeadlineExceeded (see also The client goes away).
 //   - The handler ran but its lease was taken over before its result was
 //     stored (ErrLeaseLost): its response is sent, and not stored. A
 //     handler that stopped because the Guard ended its context (the claim
@@ -97,6 +98,21 @@
 //     released: its answer is sent, and Options.OnStoreError is told; a
 //     retry after the lease may run the handler again (fence the side
 //     effect downstream with idempotency.TokenFrom).
+//
+// # The client goes away
+//
+// gRPC cancels a handler's context when its client cancels the call or the
+// call's deadline passes. A handler that stops then answers Canceled or
+// DeadlineExceeded, which is not stored: the claim is kept until its lease
+// ends, since the handler may have done part of its work, and a retry
+// after that runs the handler again. Options.Detach gives guarded handlers
+// a context that the client's cancellation and deadline do not reach (the
+// Guard still ends it when the claim is lost, or at Guard.Timeout, which
+// should then be set): the operation finishes, its answer is stored, and
+// the retry replays it. A handler that finishes after its client went away,
+// detached or not, may still set header and trailer metadata: gRPC refuses
+// it on the closed stream, so the interceptor keeps it for the stored
+// answer and reports success to the handler.
 //
 // # Handler errors
 //

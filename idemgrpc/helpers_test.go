@@ -116,6 +116,7 @@ type fixture struct {
 	store *idempotency.MemoryStore
 	guard *idempotency.Guard
 	conn  *grpc.ClientConn
+	addr  string // the server's address, to dial more connections
 	// seen records the idempotency-key metadata of every call reaching the
 	// server, before the guard (so also calls the guard answers itself).
 	seenMu sync.Mutex
@@ -132,6 +133,7 @@ type fixtureOpts struct {
 	server     *idemgrpc.Options
 	guard      *idempotency.Options
 	dialOpts   []grpc.DialOption
+	serverOpts []grpc.ServerOption
 	unguarded  bool
 	setupStore func(*idempotency.MemoryStore)
 	// outer and inner, when set, are chained before and after the guard.
@@ -172,7 +174,7 @@ func newFixture(t testing.TB, o fixtureOpts) *fixture {
 	if o.inner != nil {
 		chain = append(chain, o.inner)
 	}
-	srv := grpc.NewServer(grpc.ChainUnaryInterceptor(chain...))
+	srv := grpc.NewServer(append(o.serverOpts, grpc.ChainUnaryInterceptor(chain...))...)
 	srv.RegisterService(&echoDesc, f.svc)
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -187,6 +189,7 @@ func newFixture(t testing.TB, o fixtureOpts) *fixture {
 		srv.Stop()
 		<-done
 	})
+	f.addr = lis.Addr().String()
 	dial := append([]grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}, o.dialOpts...)
 	conn, err := grpc.NewClient(lis.Addr().String(), dial...)
 	if err != nil {

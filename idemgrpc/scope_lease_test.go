@@ -3,6 +3,7 @@ package idemgrpc_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 
@@ -72,42 +73,45 @@ func TestLeaseLostIsNotCanceled(t *testing.T) {
 		{"store-unreachable", func(_ *fixture, extendDown func()) { extendDown() }, codes.Unavailable},
 	}
 	for _, tc := range tests {
-		t.Run(tc.name, func(t *testing.T) {
-			var down chan struct{}
-			down = make(chan struct{})
-			f := newFixture(t, fixtureOpts{
-				guard: &idempotency.Options{Lease: 300 * time.Millisecond, RenewEvery: 30 * time.Millisecond},
-				setupStore: func(s *idempotency.MemoryStore) {
-					s.Fault = func(op string) error {
-						select {
-						case <-down:
-							if op == "extend" {
-								return errors.New("injected outage")
+		for _, detach := range []bool{false, true} {
+			t.Run(fmt.Sprintf("%s/detach=%v", tc.name, detach), func(t *testing.T) {
+				var down chan struct{}
+				down = make(chan struct{})
+				f := newFixture(t, fixtureOpts{
+					server: &idemgrpc.Options{Detach: detach},
+					guard:  &idempotency.Options{Lease: 300 * time.Millisecond, RenewEvery: 30 * time.Millisecond},
+					setupStore: func(s *idempotency.MemoryStore) {
+						s.Fault = func(op string) error {
+							select {
+							case <-down:
+								if op == "extend" {
+									return errors.New("injected outage")
+								}
+							default:
 							}
-						default:
+							return nil
 						}
-						return nil
-					}
-				},
+					},
+				})
+				entered := make(chan struct{})
+				f.svc.onEcho = func(ctx context.Context, in *wrapperspb.StringValue, n int) (*wrapperspb.StringValue, error) {
+					close(entered)
+					<-ctx.Done()
+					return nil, ctx.Err()
+				}
+				go func() {
+					<-entered
+					tc.lose(f, func() { close(down) })
+				}()
+				_, _, err := f.echo(testCtx(t), "k-lost", "v")
+				if got := status.Code(err); got != tc.want {
+					t.Errorf("lost claim: %v, want %v", err, tc.want)
+				}
+				if n := f.svc.executions("v"); n != 1 {
+					t.Errorf("handler ran %d times, want 1", n)
+				}
 			})
-			entered := make(chan struct{})
-			f.svc.onEcho = func(ctx context.Context, in *wrapperspb.StringValue, n int) (*wrapperspb.StringValue, error) {
-				close(entered)
-				<-ctx.Done()
-				return nil, ctx.Err()
-			}
-			go func() {
-				<-entered
-				tc.lose(f, func() { close(down) })
-			}()
-			_, _, err := f.echo(testCtx(t), "k-lost", "v")
-			if got := status.Code(err); got != tc.want {
-				t.Errorf("lost claim: %v, want %v", err, tc.want)
-			}
-			if n := f.svc.executions("v"); n != 1 {
-				t.Errorf("handler ran %d times, want 1", n)
-			}
-		})
+		}
 	}
 }
 

@@ -3,6 +3,8 @@ package idemgrpc
 import (
 	"context"
 	"crypto/sha256"
+	"crypto/x509"
+	"encoding/binary"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -16,7 +18,9 @@ import (
 	spb "google.golang.org/genproto/googleapis/rpc/status"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/reflect/protoreflect"
@@ -90,6 +94,17 @@ type Options struct {
 	// handler is not reported. The client gets a fixed message, never the
 	// error's text, which may name internal addresses; log it here.
 	OnStoreError func(ctx context.Context, fullMethod string, err error)
+	// Detach runs guarded handlers with a context that the client's
+	// cancellation and deadline do not reach, so that an operation started
+	// is finished and its answer stored for the retry, which replays it.
+	// The Guard still ends the context when the claim is lost, and at
+	// Guard.Timeout: set one, since the client's deadline no longer bounds
+	// the handler (nor the calls it makes with its context). When false
+	// (the default) a handler that stops because its client went away
+	// answers Canceled or DeadlineExceeded, which is not stored: the claim
+	// is kept until its lease ends, and a retry after that runs the handler
+	// again, whatever part of its work it had done.
+	Detach bool
 }
 
 var defaultReleaseCodes = []codes.Code{codes.Unavailable, codes.ResourceExhausted, codes.Aborted}
@@ -158,13 +173,22 @@ func (s *server) intercept(ctx context.Context, req any, info *grpc.UnaryServerI
 		storeKey = scope + "\x00" + key
 	}
 
+	// gctx is what the Guard runs under: the call's context, or with Detach
+	// the same without its cancellation and deadline.
+	gctx := ctx
+	if s.opts.Detach {
+		if cerr := ctx.Err(); cerr != nil {
+			return nil, status.FromContextError(cerr).Err()
+		}
+		gctx = context.WithoutCancel(ctx)
+	}
 	var reply any
 	var herr error
 	var fe *fnError // what the handler's side gave the Guard
 	var cut bool    // the Guard, not the caller, ended the handler's context, for its lease
-	res, err := s.guard.Run(ctx, storeKey, fp, func(cctx context.Context) (idempotency.Response, error) {
+	res, err := s.guard.Run(gctx, storeKey, fp, func(cctx context.Context) (idempotency.Response, error) {
 		hctx := cctx
-		cs := &captureStream{ServerTransportStream: grpc.ServerTransportStreamFromContext(cctx)}
+		cs := &captureStream{ServerTransportStream: grpc.ServerTransportStreamFromContext(cctx), call: ctx}
 		if cs.ServerTransportStream != nil {
 			hctx = grpc.NewContextWithServerTransportStream(cctx, cs)
 		}
@@ -172,7 +196,7 @@ func (s *server) intercept(ctx context.Context, req any, info *grpc.UnaryServerI
 		// A lost lease or a lease run out ends cctx with Canceled; the
 		// Guard's Timeout with DeadlineExceeded, which is no store failure
 		// and reaches the caller as the handler answers it.
-		cut = errors.Is(cctx.Err(), context.Canceled) && ctx.Err() == nil
+		cut = errors.Is(cctx.Err(), context.Canceled) && gctx.Err() == nil
 		resp, eerr := s.encode(reply, herr, cs.header())
 		if eerr != nil {
 			fe = &fnError{eerr}
@@ -207,7 +231,7 @@ func (s *server) intercept(ctx context.Context, req any, info *grpc.UnaryServerI
 			}}})
 		return nil, st.Err()
 	default:
-		if cerr := ctx.Err(); cerr != nil {
+		if cerr := gctx.Err(); cerr != nil {
 			return nil, status.FromContextError(cerr).Err()
 		}
 		if s.opts.OnStoreError != nil {
@@ -265,10 +289,12 @@ func (s *server) key(ctx context.Context, req any) (string, error) {
 	// fresh metadata key to every call, which would make each retry with
 	// the same request_id a new operation.
 	var key string
+	source := "the request's idempotency key" // what the client is told to fix
 	if s.opts.KeyFunc != nil {
 		key = s.opts.KeyFunc(ctx, req)
 	}
 	if vals := metadata.ValueFromIncomingContext(ctx, MetadataKey); key == "" && len(vals) > 0 {
+		source = MetadataKey
 		if len(vals) > 1 {
 			return "", errors.New("idemgrpc: more than one " + MetadataKey)
 		}
@@ -278,11 +304,11 @@ func (s *server) key(ctx context.Context, req any) (string, error) {
 		}
 	}
 	if len(key) > MaxKeyLen {
-		return "", fmt.Errorf("idemgrpc: %s longer than %d bytes", MetadataKey, MaxKeyLen)
+		return "", fmt.Errorf("idemgrpc: %s longer than %d bytes", source, MaxKeyLen)
 	}
 	for i := 0; i < len(key); i++ {
 		if c := key[i]; c < 0x21 || c > 0x7e {
-			return "", fmt.Errorf("idemgrpc: %s holds a character that is not visible ASCII", MetadataKey)
+			return "", fmt.Errorf("idemgrpc: %s holds a character that is not visible ASCII", source)
 		}
 	}
 	return key, nil
@@ -303,25 +329,61 @@ func fingerprint(method string, req proto.Message) (string, error) {
 	return hex.EncodeToString(h.Sum(sum[:0])), nil
 }
 
-// DefaultScope namespaces keys by the caller's "authorization" metadata
-// (what gRPC's per-RPC credentials send), as a truncated SHA-256 so that no
-// credential reaches the store. Calls without it share the anonymous scope
-// "". A retry made after the caller's token was renewed is in another scope
-// and runs again; set Options.Scope to the authenticated principal (from an
-// auth interceptor's context value, or the mTLS peer) to avoid that, and
+// DefaultScope namespaces keys by the caller's credentials, as a truncated
+// SHA-256 so that no credential reaches the store: its "authorization"
+// metadata (what gRPC's per-RPC credentials send), or, for a call without
+// one, the identity in its TLS client certificate (mTLS, as between
+// services): the certificate's subject and alternative names, which stay
+// the same when the certificate is renewed. Calls with neither share the
+// anonymous scope "". A retry made after the caller's token was renewed is
+// in another scope and runs again; set Options.Scope to the authenticated
+// principal (from an auth interceptor's context value) to avoid that, and
 // when callers are told apart otherwise.
 func DefaultScope(ctx context.Context) string {
-	auth := metadata.ValueFromIncomingContext(ctx, "authorization")
-	if len(auth) == 0 {
+	h := sha256.New()
+	prefix := "auth:"
+	if auth := metadata.ValueFromIncomingContext(ctx, "authorization"); len(auth) > 0 {
+		for _, a := range auth {
+			h.Write([]byte(a))
+			h.Write([]byte{'\n'})
+		}
+	} else if c := peerCertificate(ctx); c != nil {
+		prefix = "tls:"
+		field := func(b []byte) {
+			h.Write(binary.BigEndian.AppendUint32(nil, uint32(len(b))))
+			h.Write(b)
+		}
+		field(c.RawSubject)
+		for _, n := range c.DNSNames {
+			field([]byte("dns:" + n))
+		}
+		for _, n := range c.EmailAddresses {
+			field([]byte("email:" + n))
+		}
+		for _, ip := range c.IPAddresses {
+			field([]byte("ip:" + ip.String()))
+		}
+		for _, u := range c.URIs {
+			field([]byte("uri:" + u.String()))
+		}
+	} else {
 		return ""
 	}
-	h := sha256.New()
-	for _, a := range auth {
-		h.Write([]byte(a))
-		h.Write([]byte{'\n'})
-	}
 	var sum [sha256.Size]byte
-	return "auth:" + hex.EncodeToString(h.Sum(sum[:0])[:16])
+	return prefix + hex.EncodeToString(h.Sum(sum[:0])[:16])
+}
+
+// peerCertificate returns the caller's TLS client certificate, or nil.
+func peerCertificate(ctx context.Context) *x509.Certificate {
+	p, ok := peer.FromContext(ctx)
+	if !ok {
+		return nil
+	}
+	ti, ok := p.AuthInfo.(credentials.TLSInfo)
+	if !ok || len(ti.State.PeerCertificates) == 0 {
+		return nil
+	}
+	return ti.State.PeerCertificates[0]
 }
 
 // statusOf is the status gRPC's server sends for a handler's error: an
@@ -433,10 +495,36 @@ func inFlight(now, leaseUntil time.Time) error {
 // captureStream records the header and trailer metadata a handler sets,
 // trailer fields under trailerPrefix, and forwards everything to the real
 // stream.
+//
+// Once the client has gone (call is done), gRPC refuses metadata on the
+// closed stream. The handler may be finishing work whose answer is stored
+// for the retry, and a handler that fails on that error (as handlers are
+// told to check it) would lose the stored answer, and have the retry run
+// it again. So the metadata is recorded, and the refusal hidden, as long
+// as gRPC would have taken it from a live stream (no header after
+// SendHeader).
 type captureStream struct {
 	grpc.ServerTransportStream
-	mu sync.Mutex
-	md metadata.MD
+	call context.Context // the call's own context, done when the client has gone
+	mu   sync.Mutex
+	md   metadata.MD
+	sent bool // SendHeader was called
+}
+
+// forward gives the real stream's answer to a metadata call, or nil if it
+// failed only because the client has gone. It reports whether md is to be
+// recorded.
+func (c *captureStream) forward(err error, header bool) (bool, error) {
+	c.mu.Lock()
+	sent := c.sent
+	c.mu.Unlock()
+	if err == nil {
+		return true, nil
+	}
+	if c.call.Err() == nil || header && sent {
+		return false, err
+	}
+	return true, nil
 }
 
 func (c *captureStream) add(prefix string, md metadata.MD) {
@@ -464,25 +552,28 @@ func (c *captureStream) header() metadata.MD {
 }
 
 func (c *captureStream) SetHeader(md metadata.MD) error {
-	if err := c.ServerTransportStream.SetHeader(md); err != nil {
-		return err
+	keep, err := c.forward(c.ServerTransportStream.SetHeader(md), true)
+	if keep {
+		c.add("", md)
 	}
-	c.add("", md)
-	return nil
+	return err
 }
 
 func (c *captureStream) SendHeader(md metadata.MD) error {
-	if err := c.ServerTransportStream.SendHeader(md); err != nil {
-		return err
+	keep, err := c.forward(c.ServerTransportStream.SendHeader(md), true)
+	if keep {
+		c.add("", md)
 	}
-	c.add("", md)
-	return nil
+	c.mu.Lock()
+	c.sent = true
+	c.mu.Unlock()
+	return err
 }
 
 func (c *captureStream) SetTrailer(md metadata.MD) error {
-	if err := c.ServerTransportStream.SetTrailer(md); err != nil {
-		return err
+	keep, err := c.forward(c.ServerTransportStream.SetTrailer(md), false)
+	if keep {
+		c.add(trailerPrefix, md)
 	}
-	c.add(trailerPrefix, md)
-	return nil
+	return err
 }
