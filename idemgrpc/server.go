@@ -4,7 +4,6 @@ import (
 	"context"
 	"crypto/sha256"
 	"crypto/x509"
-	"encoding/binary"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -14,6 +13,7 @@ import (
 	"time"
 
 	"github.com/archlab/idempotency"
+	"github.com/archlab/idempotency/internal/certid"
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	spb "google.golang.org/genproto/googleapis/rpc/status"
 	"google.golang.org/grpc"
@@ -349,23 +349,7 @@ func DefaultScope(ctx context.Context) string {
 		}
 	} else if c := peerCertificate(ctx); c != nil {
 		prefix = "tls:"
-		field := func(b []byte) {
-			h.Write(binary.BigEndian.AppendUint32(nil, uint32(len(b))))
-			h.Write(b)
-		}
-		field(c.RawSubject)
-		for _, n := range c.DNSNames {
-			field([]byte("dns:" + n))
-		}
-		for _, n := range c.EmailAddresses {
-			field([]byte("email:" + n))
-		}
-		for _, ip := range c.IPAddresses {
-			field([]byte("ip:" + ip.String()))
-		}
-		for _, u := range c.URIs {
-			field([]byte("uri:" + u.String()))
-		}
+		h.Write(certid.Append(nil, c))
 	} else {
 		return ""
 	}

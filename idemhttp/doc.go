@@ -15,8 +15,9 @@
 // (abc); both name one key (see ParseKey).
 //
 // The key is stored as scope + "\x00" + key (StoreKey), where the scope is
-// Options.Scope(r) (by default a hash of the Authorization header, see
-// DefaultScope): one caller's response is never replayed to another.
+// Options.Scope(r) (by default a hash of the Authorization header, or of the
+// TLS client certificate's identity without one, see DefaultScope): one
+// caller's response is never replayed to another.
 //
 // The fingerprint is the hex SHA-256 of the method, the path as sent, the
 // query with its pairs decoded and sorted by name (values of one name keep

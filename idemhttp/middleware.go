@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/archlab/idempotency"
+	"github.com/archlab/idempotency/internal/certid"
 )
 
 // Defaults for the zero values of Options.
@@ -77,7 +78,8 @@ type Options struct {
 	// authenticated principal or tenant. The stored key is
 	// Scope(r) + "\x00" + key, so one caller's response is never replayed to
 	// another (a key holds no NUL, so the last NUL splits them). nil:
-	// DefaultScope (the Authorization header, hashed).
+	// DefaultScope (the Authorization header or the TLS client
+	// certificate's identity, hashed).
 	Scope func(r *http.Request) string
 	// FingerprintHeaders are the request header fields that, with the
 	// method, path, canonical query and body, make the fingerprint. nil:
@@ -298,31 +300,40 @@ func DefaultStoreHeader(name string) bool {
 	return true
 }
 
-// DefaultScope namespaces keys by the request's Authorization header, as a
-// truncated SHA-256 so that no credential reaches the store. Requests
-// without it share the anonymous scope "". Set Options.Scope when callers
-// are told apart otherwise (session cookies, mTLS, an auth middleware's
-// context value).
+// DefaultScope namespaces keys by the caller's credentials, as a truncated
+// SHA-256 so that no credential reaches the store: the request's
+// Authorization header or, for a request without one, the identity in its
+// TLS client certificate (mTLS, as between services): the certificate's
+// subject and alternative names, which stay the same when the certificate
+// is renewed. Requests with neither share the anonymous scope "". A retry
+// sent after the caller's token was renewed is in another scope and runs
+// again. Set Options.Scope when callers are told apart otherwise (session
+// cookies, an auth middleware's context value) or by a principal that
+// outlives its tokens.
 func DefaultScope(r *http.Request) string {
 	var scratch []byte
 	return string(appendDefaultScope(nil, &scratch, r))
 }
 
 // appendDefaultScope appends DefaultScope(r) to b, using *scratch (and
-// keeping it, grown) to hash the header without allocating.
+// keeping it, grown) to hash the credentials without allocating.
 func appendDefaultScope(b []byte, scratch *[]byte, r *http.Request) []byte {
-	auth := r.Header["Authorization"]
-	if len(auth) == 0 {
-		return b
-	}
 	s := (*scratch)[:0]
-	for _, a := range auth {
-		s = append(s, a...)
-		s = append(s, '\n')
+	prefix := "auth:"
+	if auth := r.Header["Authorization"]; len(auth) > 0 {
+		for _, a := range auth {
+			s = append(s, a...)
+			s = append(s, '\n')
+		}
+	} else if r.TLS != nil && len(r.TLS.PeerCertificates) > 0 {
+		prefix = "tls:"
+		s = certid.Append(s, r.TLS.PeerCertificates[0])
+	} else {
+		return b
 	}
 	*scratch = s
 	sum := sha256.Sum256(s)
-	b = append(b, "auth:"...)
+	b = append(b, prefix...)
 	return hex.AppendEncode(b, sum[:16])
 }
 
