@@ -207,6 +207,11 @@ flags:
 		badf("-concurrency %d: give 1 to 256", cfg.concurrency)
 	}
 	if cfg.target == "" {
+		if cfg.store != "" {
+			if err := checkStore(cfg.store); err != nil {
+				badf("-store %s: %v", storeurl.Redact(cfg.store), err)
+			}
+		}
 		targetOnly := map[string]bool{"header": true, "as": true, "body": true, "conflict-status": true, "requests": true, "timeout": true,
 			"window": true}
 		fs.Visit(func(f *flag.Flag) {
@@ -256,6 +261,27 @@ flags:
 		cfg.duration = 20 * time.Second
 	}
 	return cfg, nil
+}
+
+// checkStore returns why the run would refuse the -store URL raw, so that
+// it is refused with the arguments rather than after other work: what
+// storeurl.Open refuses before connecting (the certification replaces
+// clock= for its contract checks, so a bad one used to surface only when
+// its campaign opened the store), and a redis:// or postgres:// URL that
+// names no single host:port, which the campaign puts a proxy in front of.
+func checkStore(raw string) error {
+	if err := storeurl.Check(raw); err != nil {
+		return err
+	}
+	raw = strings.TrimSpace(raw)
+	scheme, _, _ := strings.Cut(raw, ":")
+	switch strings.ToLower(scheme) {
+	case "redis", "rediss", "postgres", "postgresql":
+		if u, err := url.Parse(raw); err == nil && (u.Host == "" || strings.Contains(u.Host, ",")) {
+			return errors.New("certifying the store puts a proxy in front of it, so the URL must name one host:port (not several hosts, nor a socket)")
+		}
+	}
+	return nil
 }
 
 // run is the whole command. It returns the exit code.

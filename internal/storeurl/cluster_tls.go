@@ -4,12 +4,107 @@ import (
 	"context"
 	"crypto/tls"
 	"crypto/x509"
+	"encoding/pem"
 	"errors"
 	"fmt"
+	"io/fs"
 	"net"
+	"os"
+	"strings"
 
 	"github.com/redis/go-redis/v9"
 )
+
+// The TLS query parameters of rediss:// and rediss+cluster:// URLs. Open
+// takes them itself for both forms, so that they mean the same in each:
+// go-redis's ParseURL knows skip_verify but its ParseClusterURL does not,
+// and neither can name a CA.
+const (
+	paramSkipVerify = "skip_verify"
+	paramCAFile     = "tls_ca_file"
+)
+
+// applyTLSParams applies the TLS parameters in p to c, the TLS config that
+// go-redis made of a URL with the given scheme (nil for redis://, which
+// takes no TLS parameter).
+func applyTLSParams(c *tls.Config, scheme string, p map[string]string) error {
+	skip, hasSkip := p[paramSkipVerify]
+	caFile, hasCA := p[paramCAFile]
+	if c == nil {
+		for _, n := range []string{paramSkipVerify, paramCAFile} {
+			if _, ok := p[n]; ok {
+				return invalid("query parameter %q is for TLS, which %s:// does not use (rediss:// and rediss+cluster:// do)", n, scheme)
+			}
+		}
+		return nil
+	}
+	// ParseURL asks for TLS 1.2 at least; ParseClusterURL leaves it to
+	// crypto/tls's default.
+	c.MinVersion = max(c.MinVersion, tls.VersionTLS12)
+	if hasSkip {
+		// go-redis's words for a boolean.
+		switch skip {
+		case "true", "1":
+			c.InsecureSkipVerify = true
+		case "false", "0":
+		default:
+			return invalid("%s=%q: want true or false", paramSkipVerify, skip)
+		}
+	}
+	if !hasCA {
+		return nil
+	}
+	if c.InsecureSkipVerify {
+		return invalid("%s and %s=%s contradict each other: with verification skipped no CA is consulted; leave one out", paramCAFile, paramSkipVerify, skip)
+	}
+	pool, err := loadCAFile(caFile)
+	if err != nil {
+		return err
+	}
+	c.RootCAs = pool
+	return nil
+}
+
+// loadCAFile reads a PEM bundle of CA certificates. A file that cannot be
+// read, holds no certificate or a certificate that does not parse is a
+// configuration error: trusting what is left, or the system's roots in
+// its place, would not be what the URL asked for.
+func loadCAFile(path string) (*x509.CertPool, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		var pe *fs.PathError
+		if errors.As(err, &pe) {
+			err = pe.Err // the path is quoted below
+		}
+		return nil, invalid("%s=%q cannot be read: %v", paramCAFile, path, err)
+	}
+	pool := x509.NewCertPool()
+	n := 0
+	for rest := data; ; {
+		var block *pem.Block
+		block, rest = pem.Decode(rest)
+		if block == nil {
+			break
+		}
+		if block.Type != "CERTIFICATE" {
+			continue // a bundle may carry other blocks; they are not CAs
+		}
+		n++
+		cert, err := x509.ParseCertificate(block.Bytes)
+		if err != nil {
+			return nil, invalid("%s=%q: certificate %d does not parse: %v", paramCAFile, path, n, err)
+		}
+		pool.AddCert(cert)
+	}
+	if n == 0 {
+		what := "no PEM certificate"
+		if strings.TrimSpace(string(data)) == "" {
+			what = "nothing (it is empty)"
+		}
+		return nil, invalid("%s=%q holds %s; want a PEM bundle of CA certificates (-----BEGIN CERTIFICATE-----)", paramCAFile, path, what)
+	}
+	return pool, nil
+}
 
 // dialNodesByName makes a TLS cluster client check each node's certificate
 // against that node's own address.

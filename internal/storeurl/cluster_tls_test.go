@@ -24,6 +24,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/archlab/idempotency"
 	"github.com/archlab/idempotency/internal/testenv"
 )
 
@@ -216,6 +217,7 @@ type tlsNode struct {
 	ip         string
 	port, bus  int
 	dir        string
+	caFile     string // the CA's certificate, PEM
 	cmd        *exec.Cmd
 	cli        *redis.Client // a plain client of this node alone
 	clientConf *tls.Config
@@ -233,21 +235,26 @@ func freePortOn(t *testing.T, ip string) int {
 	return l.Addr().(*net.TCPAddr).Port
 }
 
-func startTLSNode(t *testing.T, bin, ip string, ca *testCA) *tlsNode {
+// startTLSNode starts a TLS redis-server on ip, with a certificate from ca
+// naming ip alone: a Cluster node with cluster, a lone server without.
+func startTLSNode(t *testing.T, bin, ip string, ca *testCA, cluster bool) *tlsNode {
 	t.Helper()
 	n := &tlsNode{ip: ip, port: freePortOn(t, ip), bus: freePortOn(t, ip), dir: t.TempDir()}
 	certFile, keyFile := writePEM(t, n.dir, ca.issue(t, ip))
-	caFile := filepath.Join(n.dir, "ca.pem")
-	if err := os.WriteFile(caFile, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: ca.cert.Raw}), 0o600); err != nil {
+	n.caFile = filepath.Join(n.dir, "ca.pem")
+	if err := os.WriteFile(n.caFile, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: ca.cert.Raw}), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	n.cmd = exec.Command(bin, "--port", "0", "--tls-port", strconv.Itoa(n.port), "--bind", ip,
-		"--cluster-enabled", "yes", "--cluster-port", strconv.Itoa(n.bus), "--cluster-announce-ip", ip,
-		"--cluster-config-file", filepath.Join(n.dir, "nodes.conf"), "--dir", n.dir,
-		"--tls-cert-file", certFile, "--tls-key-file", keyFile, "--tls-ca-cert-file", caFile,
-		"--tls-cluster", "yes", "--tls-auth-clients", "no",
+	args := []string{"--port", "0", "--tls-port", strconv.Itoa(n.port), "--bind", ip, "--dir", n.dir,
+		"--tls-cert-file", certFile, "--tls-key-file", keyFile, "--tls-ca-cert-file", n.caFile,
+		"--tls-auth-clients", "no",
 		"--save", "", "--appendonly", "no", "--daemonize", "no", "--protected-mode", "no",
-		"--maxmemory-policy", "noeviction")
+		"--maxmemory-policy", "noeviction"}
+	if cluster {
+		args = append(args, "--cluster-enabled", "yes", "--cluster-port", strconv.Itoa(n.bus), "--cluster-announce-ip", ip,
+			"--cluster-config-file", filepath.Join(n.dir, "nodes.conf"), "--tls-cluster", "yes")
+	}
+	n.cmd = exec.Command(bin, args...)
 	log, err := os.Create(filepath.Join(n.dir, "redis.log"))
 	if err != nil {
 		t.Fatal(err)
@@ -291,13 +298,30 @@ func (n *tlsNode) waitFor(t *testing.T, what string, check func() error) {
 // verified, and the store works across them. Before, every node but the
 // seed failed verification against the seed's IP.
 func TestTLSClusterPerNodeCertificates(t *testing.T) {
-	bin := testenv.Binary(t, "redis-server")
 	ca := newTestCA(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
+	nodes := startTLSCluster(ctx, t, ca)
+
+	co, p := tlsOptions(t, nodes[0].addr(), ca) // the first node only
+	client := redis.NewClusterClient(co)
+	s, closer, err := newRedis(ctx, client, p, Options{})
+	if err != nil {
+		t.Fatalf("open the TLS cluster through %s: %v", nodes[0].addr(), err)
+	}
+	defer closer.Close()
+	checkTLSCluster(ctx, t, client, s)
+}
+
+// startTLSCluster starts a private TLS Redis Cluster of three masters on
+// 127.0.0.1, .2 and .3, each with a certificate from ca naming its own IP
+// alone, and waits until it is whole.
+func startTLSCluster(ctx context.Context, t *testing.T, ca *testCA) []*tlsNode {
+	t.Helper()
+	bin := testenv.Binary(t, "redis-server")
 	var nodes []*tlsNode
 	for i := 1; i <= 3; i++ {
-		nodes = append(nodes, startTLSNode(t, bin, fmt.Sprintf("127.0.0.%d", i), ca))
+		nodes = append(nodes, startTLSNode(t, bin, fmt.Sprintf("127.0.0.%d", i), ca, true))
 	}
 	slots := [][2]int64{{0, 5460}, {5461, 10922}, {10923, 16383}}
 	for i, n := range nodes {
@@ -322,15 +346,14 @@ func TestTLSClusterPerNodeCertificates(t *testing.T) {
 			return nil
 		})
 	}
+	return nodes
+}
 
-	co, p := tlsOptions(t, nodes[0].addr(), ca) // the first node only
-	client := redis.NewClusterClient(co)
-	s, closer, err := newRedis(ctx, client, p, Options{})
-	if err != nil {
-		t.Fatalf("open the TLS cluster through %s: %v", nodes[0].addr(), err)
-	}
-	defer closer.Close()
-
+// checkTLSCluster checks that client, of a cluster from startTLSCluster,
+// knows its three hosts and reaches every master, and that s, a store on
+// it, works on keys of every master.
+func checkTLSCluster(ctx context.Context, t *testing.T, client *redis.ClusterClient, s idempotency.Store) {
+	t.Helper()
 	hosts := map[string]bool{}
 	ss, err := client.ClusterSlots(ctx).Result()
 	if err != nil {

@@ -15,8 +15,25 @@
 // The nodes of a rediss+cluster store are found from the seeds, and each
 // node's certificate must name that node's own host as the cluster
 // announces it (a name, or an IP), or the first seed's host (for a cluster
-// that announces IPs behind one certificate). Certificates are checked
-// against the system's roots (SSL_CERT_FILE, SSL_CERT_DIR).
+// that announces IPs behind one certificate). A rediss store's certificate
+// must name the URL's host.
+//
+// Certificates are checked against the system's roots (SSL_CERT_FILE,
+// SSL_CERT_DIR), or against the CAs of tls_ca_file= alone. rediss:// and
+// rediss+cluster:// take the same TLS parameters (redis:// and
+// redis+cluster:// refuse them):
+//
+//	tls_ca_file=PATH     trust the CA certificates in this PEM file instead of
+//	                     the system's roots (a private CA); relative to the
+//	                     working directory; percent-encode & + # % in PATH.
+//	                     A file that cannot be read, holds no certificate
+//	                     or one that does not parse is refused.
+//	skip_verify=true     verify no certificate at all (go-redis's option, for
+//	                     tests only: anyone on the path can read and change
+//	                     the traffic); true, false, 1 or 0; refused together
+//	                     with tls_ca_file
+//
+// Both ask for TLS 1.2 at least.
 //
 // A user name or password with / ? # @ or % in it must be percent-encoded;
 // Open refuses a URL whose password ends its authority early, without
@@ -31,6 +48,7 @@
 //	clock=server|caller   redis and postgres: whose clock judges leases
 //	               (default: redis server, postgres caller; see the engines)
 //	schema=S, table=T     postgres: where the records live (pgstore.Options)
+//	tls_ca_file=PATH, skip_verify=true|false   rediss: TLS, above
 //
 // For example redis://127.0.0.1:6379/0?prefix=orders:&clock=server or
 // postgres://app@db/app?sslmode=require&schema=idem.
@@ -45,6 +63,10 @@
 // refuses a setting it does not know, or a bad value, when Open connects;
 // Open reports that as a configuration error too. (search_path does not
 // place the store: schema= does.)
+//
+// Check refuses what Open would refuse of a URL before it connects, for
+// commands that take a store URL among other arguments and should refuse a
+// bad one before they start any work.
 //
 // A postgres Open always connects: with Options.Migrate it migrates the
 // schema, without it checks that the schema is at the version this build
@@ -93,6 +115,32 @@ var ErrUnknownScheme = errors.New("storeurl: unknown store URL scheme")
 // ErrUnknownScheme); a store that cannot be reached while opening wraps
 // idempotency.ErrUnavailable.
 func Open(ctx context.Context, rawURL string, opts Options) (idempotency.Store, io.Closer, error) {
+	open, err := parse(rawURL)
+	if err != nil {
+		return nil, nil, err
+	}
+	return open(ctx, opts)
+}
+
+// Check returns the configuration error Open would return for rawURL
+// before it makes the store: the scheme, the URL's syntax, our own query
+// parameters (each given once and not empty; clock=, skip_verify=,
+// tls_ca_file= and the file it names) and the driver's options, as go-redis
+// and pgx parse them. It connects to nothing and opens no store, so that a
+// command can refuse a bad URL while it reads its arguments. Left to Open:
+// what the engine judges as it makes the store (pgstore's rules for
+// schema= and table= names) and what only the store can (a bolt file's
+// lock, the server's settings, the schema's version).
+func Check(rawURL string) error {
+	_, err := parse(rawURL)
+	return err
+}
+
+// opener opens a store whose URL parse has checked.
+type opener func(ctx context.Context, opts Options) (idempotency.Store, io.Closer, error)
+
+// parse checks rawURL as Check documents and returns what opens it.
+func parse(rawURL string) (opener, error) {
 	rawURL = strings.TrimSpace(rawURL)
 	scheme, rest, ok := strings.Cut(rawURL, ":")
 	if !ok {
@@ -101,38 +149,56 @@ func Open(ctx context.Context, rawURL string, opts Options) (idempotency.Store, 
 	switch strings.ToLower(scheme) {
 	case "memory", "mem":
 		if rest != "" && rest != "//" {
-			return nil, nil, invalid("memory takes no arguments: %q", rawURL)
+			return nil, invalid("memory takes no arguments: %q", rawURL)
 		}
-		return idempotency.NewMemoryStore(), nopCloser{}, nil
+		return func(context.Context, Options) (idempotency.Store, io.Closer, error) {
+			return idempotency.NewMemoryStore(), nopCloser{}, nil
+		}, nil
 	case "bolt", "boltdb":
 		path := strings.TrimPrefix(rest, "//")
 		if path == "" {
-			return nil, nil, invalid("bolt needs a path: bolt:PATH")
+			return nil, invalid("bolt needs a path: bolt:PATH")
 		}
-		s, err := boltstore.Open(path, nil)
-		if errors.Is(err, bolterrors.ErrTimeout) {
-			// bbolt's own word for it is just "timeout".
-			return nil, nil, fmt.Errorf("storeurl: %w (the file is locked: another process, such as a running idemproxy, has it open, and a bolt file serves one process at a time)", err)
-		}
-		if err != nil {
-			return nil, nil, fmt.Errorf("storeurl: %w", err)
-		}
-		return s, s, nil
+		return func(context.Context, Options) (idempotency.Store, io.Closer, error) { return openBolt(path) }, nil
 	case "redis", "rediss":
-		return openRedis(ctx, rawURL, opts)
+		ro, p, err := redisOptions(rawURL)
+		if err != nil {
+			return nil, err
+		}
+		return func(ctx context.Context, opts Options) (idempotency.Store, io.Closer, error) {
+			return newRedis(ctx, redis.NewClient(ro), p, opts)
+		}, nil
 	case "redis+cluster", "rediss+cluster":
-		return openCluster(ctx, scheme, rest, opts)
+		co, p, err := clusterOptions(scheme, rest)
+		if err != nil {
+			return nil, err
+		}
+		return func(ctx context.Context, opts Options) (idempotency.Store, io.Closer, error) {
+			return newRedis(ctx, redis.NewClusterClient(co), p, opts)
+		}, nil
 	case "postgres", "postgresql":
-		return openPostgres(ctx, rawURL, opts)
+		return postgresOpener(rawURL)
 	case "":
-		return nil, nil, fmt.Errorf("%w: empty store URL (want memory, bolt:PATH, redis://, redis+cluster://, postgres://)", ErrUnknownScheme)
+		return nil, fmt.Errorf("%w: empty store URL (want memory, bolt:PATH, redis://, redis+cluster://, postgres://)", ErrUnknownScheme)
 	}
 	if !isScheme(scheme) {
 		// Not quoted: it may be a key=value connection string with a
 		// password in it.
-		return nil, nil, fmt.Errorf("%w: the store URL does not start with a scheme (want memory, bolt:PATH, redis://, rediss://, redis+cluster://, postgres://; a key=value connection string is not accepted)", ErrUnknownScheme)
+		return nil, fmt.Errorf("%w: the store URL does not start with a scheme (want memory, bolt:PATH, redis://, rediss://, redis+cluster://, postgres://; a key=value connection string is not accepted)", ErrUnknownScheme)
 	}
-	return nil, nil, fmt.Errorf("%w: %q (want memory, bolt:PATH, redis://, rediss://, redis+cluster://, postgres://)", ErrUnknownScheme, scheme)
+	return nil, fmt.Errorf("%w: %q (want memory, bolt:PATH, redis://, rediss://, redis+cluster://, postgres://)", ErrUnknownScheme, scheme)
+}
+
+func openBolt(path string) (idempotency.Store, io.Closer, error) {
+	s, err := boltstore.Open(path, nil)
+	if errors.Is(err, bolterrors.ErrTimeout) {
+		// bbolt's own word for it is just "timeout".
+		return nil, nil, fmt.Errorf("storeurl: %w (the file is locked: another process, such as a running idemproxy, has it open, and a bolt file serves one process at a time)", err)
+	}
+	if err != nil {
+		return nil, nil, fmt.Errorf("storeurl: %w", err)
+	}
+	return s, s, nil
 }
 
 // isScheme reports whether s is a URL scheme as RFC 3986 writes one.
@@ -203,39 +269,42 @@ func redisClock(v string) (redisstore.Clock, error) {
 	return 0, invalid("clock=%q: want server or caller", v)
 }
 
-func openRedis(ctx context.Context, rawURL string, opts Options) (idempotency.Store, io.Closer, error) {
+// ownRedisParams are the query parameters of the redis forms that Open
+// takes for itself, before go-redis parses the rest.
+var ownRedisParams = []string{"prefix", "clock", paramSkipVerify, paramCAFile}
+
+// redisOptions parses a redis:// or rediss:// URL: the client's options
+// and our own parameters.
+func redisOptions(rawURL string) (*redis.Options, map[string]string, error) {
 	u, err := parseURL(rawURL)
 	if err != nil {
 		return nil, nil, err
 	}
-	p, err := takeParams(u, "prefix", "clock")
+	p, err := takeParams(u, ownRedisParams...)
 	if err != nil {
+		return nil, nil, err
+	}
+	if _, err := redisClock(p["clock"]); err != nil {
 		return nil, nil, err
 	}
 	ro, err := redis.ParseURL(u.String())
 	if err != nil {
 		return nil, nil, invalid("%v", err)
 	}
+	if err := applyTLSParams(ro.TLSConfig, u.Scheme, p); err != nil {
+		return nil, nil, err
+	}
 	// The store's per-operation deadline then reaches the socket, and no
 	// goroutine is left waiting on a server that does not answer (see
 	// redisstore's doc on ContextTimeoutEnabled).
 	ro.ContextTimeoutEnabled = true
-	return newRedis(ctx, redis.NewClient(ro), p, opts)
+	return ro, p, nil
 }
 
-// openCluster parses redis+cluster://[user:pass@]h1:p1,h2:p2[/][?opts] by
-// rewriting it into go-redis's cluster URL form (the first address as the
-// host, the others as addr= parameters).
-func openCluster(ctx context.Context, scheme, rest string, opts Options) (idempotency.Store, io.Closer, error) {
-	co, p, err := clusterOptions(scheme, rest)
-	if err != nil {
-		return nil, nil, err
-	}
-	return newRedis(ctx, redis.NewClusterClient(co), p, opts)
-}
-
-// clusterOptions is openCluster up to the client: the options and our own
-// parameters.
+// clusterOptions parses redis+cluster://[user:pass@]h1:p1,h2:p2[/][?opts]
+// (rest is what follows the scheme's colon) by rewriting it into go-redis's
+// cluster URL form (the first address as the host, the others as addr=
+// parameters): the client's options and our own parameters.
 func clusterOptions(scheme, rest string) (*redis.ClusterOptions, map[string]string, error) {
 	if !strings.HasPrefix(rest, "//") {
 		return nil, nil, invalid("%s URL must look like %s://host:port,host:port", scheme, scheme)
@@ -266,8 +335,11 @@ func clusterOptions(scheme, rest string) (*redis.ClusterOptions, map[string]stri
 	if err != nil {
 		return nil, nil, err
 	}
-	p, err := takeParams(u, "prefix", "clock")
+	p, err := takeParams(u, ownRedisParams...)
 	if err != nil {
+		return nil, nil, err
+	}
+	if _, err := redisClock(p["clock"]); err != nil {
 		return nil, nil, err
 	}
 	q := u.Query()
@@ -278,6 +350,9 @@ func clusterOptions(scheme, rest string) (*redis.ClusterOptions, map[string]stri
 	co, err := redis.ParseClusterURL(u.String())
 	if err != nil {
 		return nil, nil, invalid("%v", err)
+	}
+	if err := applyTLSParams(co.TLSConfig, u.Scheme, p); err != nil {
+		return nil, nil, err
 	}
 	co.ContextTimeoutEnabled = true
 	dialNodesByName(co)
@@ -302,14 +377,15 @@ func newRedis(_ context.Context, client redis.UniversalClient, p map[string]stri
 	return s, client, nil
 }
 
-func openPostgres(ctx context.Context, rawURL string, opts Options) (idempotency.Store, io.Closer, error) {
+// postgresOpener checks a postgres:// URL and returns what opens it.
+func postgresOpener(rawURL string) (opener, error) {
 	u, err := parseURL(rawURL)
 	if err != nil {
-		return nil, nil, err
+		return nil, err
 	}
-	p, err := takeParams(u, "schema", "table", "clock")
+	p, err := takeParams(u, ownPostgresParams...)
 	if err != nil {
-		return nil, nil, err
+		return nil, err
 	}
 	var clock pgstore.Clock
 	switch p["clock"] {
@@ -318,21 +394,27 @@ func openPostgres(ctx context.Context, rawURL string, opts Options) (idempotency
 	case "server":
 		clock = pgstore.ServerClock
 	default:
-		return nil, nil, invalid("clock=%q: want caller or server", p["clock"])
+		return nil, invalid("clock=%q: want caller or server", p["clock"])
 	}
 	if err := checkPostgresParams(u); err != nil {
-		return nil, nil, err
+		return nil, err
 	}
 	cfg, err := pgxpool.ParseConfig(u.String())
 	if err != nil {
-		return nil, nil, invalid("%v", err)
+		return nil, invalid("%v", err)
 	}
+	return func(ctx context.Context, opts Options) (idempotency.Store, io.Closer, error) {
+		return openPostgres(ctx, cfg, &pgstore.Options{Schema: p["schema"], Table: p["table"], Clock: clock}, opts)
+	}, nil
+}
+
+func openPostgres(ctx context.Context, cfg *pgxpool.Config, po *pgstore.Options, opts Options) (idempotency.Store, io.Closer, error) {
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		return nil, nil, fmt.Errorf("storeurl: %w: %w", idempotency.ErrUnavailable, err)
 	}
 	closer := closeFunc(func() error { pool.Close(); return nil })
-	s, err := pgstore.New(pool, &pgstore.Options{Schema: p["schema"], Table: p["table"], Clock: clock})
+	s, err := pgstore.New(pool, po)
 	if err != nil {
 		pool.Close()
 		return nil, nil, fmt.Errorf("storeurl: %w", err)
