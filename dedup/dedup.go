@@ -168,7 +168,9 @@ func New(store idempotency.Store, opts *Options) (*Window, error) {
 //     the lease may run fn again).
 //   - msgID was processed before: Ack, nil; fn does not run.
 //   - fn failed: Nak after Options.RetryDelay, and fn's error. The id is
-//     released, so the redelivery runs fn again at once.
+//     released, so the redelivery runs fn again at once. If the release
+//     failed, the error says so too and the Nak waits at least the lease,
+//     after which the claim may be taken over.
 //   - another consumer is processing msgID: Nak with the time left on its
 //     lease (at least Options.MinDelay), nil; fn does not run.
 //   - the store cannot be reached: Nak after Options.UnavailableDelay, and
@@ -183,7 +185,8 @@ func (w *Window) Process(ctx context.Context, msgID string, fn func(ctx context.
 	if msgID == "" {
 		return Decision{Action: Term, Outcome: idempotency.Conflicted}, errors.New("dedup: empty message id")
 	}
-	var fnErr, marked error
+	var fnErr error
+	var standIn *fnFailed
 	res, err := w.guard.Run(ctx, w.opts.Prefix+msgID, fingerprint, func(ctx context.Context) (idempotency.Response, error) {
 		if fnErr = fn(ctx); fnErr != nil {
 			// Processed again on redelivery: the message's work is not done,
@@ -191,8 +194,8 @@ func (w *Window) Process(ctx context.Context, msgID string, fn func(ctx context.
 			// undone first. The Guard gets a stand-in, taken out again
 			// below: what fn's error wraps must not pass for the Guard's
 			// own errors, nor the mark reach the caller.
-			marked = idempotency.Retryable(&fnFailed{fnErr})
-			return idempotency.Response{}, marked
+			standIn = &fnFailed{fnErr}
+			return idempotency.Response{}, idempotency.Retryable(standIn)
 		}
 		return idempotency.Response{}, nil
 	})
@@ -218,16 +221,22 @@ func (w *Window) Process(ctx context.Context, msgID string, fn func(ctx context.
 		d.Action = Nak
 		d.Delay = w.opts.RetryDelay
 		// err is the stand-in (released), the stand-in joined with the
-		// release's error, or the lease's loss (not released).
+		// release's error, or the lease's loss joined with the stand-in
+		// (not released), which the Guard then carries with its mark
+		// hidden: whatever carries the stand-in is fn's error, already
+		// first in errs.
 		errs := []error{fnErr}
+		keep := func(e error) {
+			if f := (*fnFailed)(nil); !errors.As(e, &f) || f != standIn {
+				errs = append(errs, e)
+			}
+		}
 		if j, ok := err.(interface{ Unwrap() []error }); ok {
 			for _, e := range j.Unwrap() {
-				if e != marked {
-					errs = append(errs, e)
-				}
+				keep(e)
 			}
-		} else if err != marked {
-			errs = append(errs, err)
+		} else if err != nil {
+			keep(err)
 		}
 		if len(errs) == 1 {
 			return d, fnErr

@@ -78,3 +78,26 @@ func TestFailedFnAfterLostClaimKeepsBothErrors(t *testing.T) {
 		t.Errorf("%+v, %v; want Nak after 2s with fn's error once and the lost lease", d, err)
 	}
 }
+
+// When a renewal found the claim taken away while fn ran (the Guard then
+// reports the lost lease itself, beside fn's error), fn's error still
+// appears once, and the delay is RetryDelay.
+func TestFailedFnAfterRejectedRenewalKeepsFnErrorOnce(t *testing.T) {
+	store := idempotency.NewMemoryStore()
+	w := newWindow(t, store, &dedup.Options{Lease: 300 * time.Millisecond, RenewEvery: 50 * time.Millisecond, RetryDelay: 2 * time.Second})
+	boom := errors.New("downstream refused")
+	d, err := w.Process(context.Background(), "m1", func(ctx context.Context) error {
+		if err := store.Delete(ctx, "m1"); err != nil {
+			t.Error(err)
+		}
+		<-ctx.Done() // the next renewal is rejected: the claim is gone
+		return boom
+	})
+	if d.Action != dedup.Nak || d.Delay != 2*time.Second || !errors.Is(err, boom) ||
+		!errors.Is(err, idempotency.ErrLeaseLost) || idempotency.IsRetryable(err) {
+		t.Errorf("%+v, %v; want Nak after 2s with fn's error and the lost lease", d, err)
+	}
+	if err != nil && strings.Count(err.Error(), boom.Error()) != 1 {
+		t.Errorf("error %q names fn's error %d times, want once", err, strings.Count(err.Error(), boom.Error()))
+	}
+}

@@ -49,6 +49,26 @@ func TestNewRefusesLeaseLongerThanAckWait(t *testing.T) {
 	}
 }
 
+// oneMessage publishes one message with a Nats-Msg-Id to a fresh stream and
+// returns a durable AckExplicit consumer of it with the given AckWait and
+// unlimited deliveries, and a context for the test.
+func oneMessage(t *testing.T, durable string, ackWait time.Duration) (context.Context, jetstream.Consumer) {
+	t.Helper()
+	js, name, subject := stream(t, 0)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	t.Cleanup(cancel)
+	if _, err := js.Publish(ctx, subject, []byte(durable), jetstream.WithMsgID(durable+"-1")); err != nil {
+		t.Fatal(err)
+	}
+	cons, err := js.CreateOrUpdateConsumer(ctx, name, jetstream.ConsumerConfig{
+		Durable: durable, AckPolicy: jetstream.AckExplicitPolicy, AckWait: ackWait, MaxDeliver: -1,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ctx, cons
+}
+
 // fetchOne pulls one message from cons, failing the test if none comes.
 func fetchOne(t *testing.T, cons jetstream.Consumer) jetstream.Msg {
 	t.Helper()
@@ -85,18 +105,7 @@ func redelivered(t *testing.T, cons jetstream.Consumer) jetstream.Msg {
 // not redeliver it meanwhile.
 func TestBufferedMessageIsNotRedeliveredWhileProcessed(t *testing.T) {
 	const ackWait = time.Second
-	js, name, subject := stream(t, 0)
-	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
-	defer cancel()
-	if _, err := js.Publish(ctx, subject, []byte("buffered"), jetstream.WithMsgID("buffered-1")); err != nil {
-		t.Fatal(err)
-	}
-	cons, err := js.CreateOrUpdateConsumer(ctx, name, jetstream.ConsumerConfig{
-		Durable: "buffered", AckPolicy: jetstream.AckExplicitPolicy, AckWait: ackWait, MaxDeliver: -1,
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
+	ctx, cons := oneMessage(t, "buffered", ackWait)
 	w, err := dedup.New(idempotency.NewMemoryStore(), &dedup.Options{Lease: ackWait / 2})
 	if err != nil {
 		t.Fatal(err)
@@ -179,18 +188,7 @@ func TestNewReadsTheConsumersConfig(t *testing.T) {
 // redelivered meanwhile.
 func TestHeartbeatPacedByTheConsumersAckWait(t *testing.T) {
 	const ackWait = time.Second
-	js, name, subject := stream(t, 0)
-	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
-	defer cancel()
-	if _, err := js.Publish(ctx, subject, []byte("long"), jetstream.WithMsgID("long-1")); err != nil {
-		t.Fatal(err)
-	}
-	cons, err := js.CreateOrUpdateConsumer(ctx, name, jetstream.ConsumerConfig{
-		Durable: "paced", AckPolicy: jetstream.AckExplicitPolicy, AckWait: ackWait,
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
+	ctx, cons := oneMessage(t, "paced", ackWait)
 	w, err := dedup.New(idempotency.NewMemoryStore(), &dedup.Options{Lease: ackWait / 2})
 	if err != nil {
 		t.Fatal(err)

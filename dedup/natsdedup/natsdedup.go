@@ -15,8 +15,17 @@
 // stream). Without the scope, a window shared by
 // them (one Redis, no Prefix) would ack one's message unprocessed as a
 // duplicate of the other's. Competing instances of one durable consumer
-// share its name, and so its keys; an ephemeral consumer gets a new name,
-// and so a new scope, each time it is created.
+// share its name, and so its keys.
+//
+// An ephemeral consumer left to the server to name gets a new name, and so
+// a new scope, each time it is created: a service that makes one at start
+// dedups nothing across its own restarts. The new consumer starts from its
+// DeliverPolicy, not from the old one's acks, so with DeliverAll every
+// message comes again and runs again (with DeliverNew, the messages the old
+// one had not acked are never delivered: that loss is the consumer's, not
+// the window's). Use a durable consumer, whose acks and name outlive the
+// process, or give the ephemeral consumer a Name and create it under that
+// name again, or set Options.MsgID.
 //
 // A message without the header falls back to
 // "<stream>.<consumer>.seq.<stream sequence>.<stored at, Unix ns>": that
@@ -71,17 +80,34 @@
 //     Options.Consumer). With AckAll, the Ack of a later message also
 //     acknowledges an earlier one that was Nak'ed as in flight (it is then
 //     never redelivered); with AckNone, Nak does nothing.
-//   - A redelivery that comes while the message is processed (the
-//     heartbeat was late or lost) is Nak'ed as in flight, and counts
-//     against the consumer's MaxDeliver: once the deliveries are used up, a
-//     handler that then fails sends a Nak the server no longer acts on, and
-//     the message is dropped unprocessed. Leave MaxDeliver unlimited (-1,
-//     the default), or give it room, and watch the server's MAX_DELIVERIES
-//     advisories.
+//   - A message Nak'ed on its last delivery (MaxDeliver) is not delivered
+//     again: a poison message, whose fn always fails, is dropped after
+//     MaxDeliver tries, and a redelivery that comes while the message is
+//     processed (the heartbeat was late or lost) is Nak'ed as in flight and
+//     uses up a delivery too, so that a holder that then fails sends a Nak
+//     the server no longer acts on. Handle reports such a Nak with
+//     ErrMaxDeliveries when it knows MaxDeliver (Options.Consumer); the
+//     server publishes a MAX_DELIVERIES advisory. Leave MaxDeliver
+//     unlimited (-1, the default) with a RetryDelay or a BackOff that paces
+//     a poison message, or give it room, and alert on either signal.
 //   - A panic in fn releases the key and sends nothing to the broker (the
 //     message is redelivered after AckWait), then goes on up: a message
 //     that always panics crashes each consumer that receives it; recover
 //     in fn if that is not what you want.
+//
+// # Shutdown
+//
+// The Handler owns no goroutine between messages; the heartbeat of a
+// message ends before Handle returns. To stop, call the ConsumeContext's
+// Stop (messages pulled but not handled are redelivered after AckWait) or
+// Drain (they are handled first), and wait on its Closed channel before
+// closing the connection: an answer sent on a closed connection is lost,
+// and the message is redelivered after AckWait (replayed if its result was
+// stored, processed again if not). Cancelling the ctx given to
+// MessageHandler cancels fn's ctx; a fn that returns its error is Nak'ed,
+// and a message handled after the cancel is Nak'ed after the Window's
+// UnavailableDelay (outcome Unavailable: the store's calls fail with the
+// done ctx) without running fn or leaving a claim.
 //
 // JetStream's publish-side duplicate window and the consumer-side window
 // are compared in the dedup package documentation.
@@ -103,6 +129,16 @@ import (
 // DefaultAckWait is JetStream's default consumer AckWait.
 const DefaultAckWait = 30 * time.Second
 
+// ErrMaxDeliveries is returned (wrapped, beside the error that made the
+// Handler Nak) when a message was Nak'ed on its last delivery by the
+// consumer's MaxDeliver: JetStream will not deliver it again, so unless a
+// consumer processing it elsewhere (InFlight) acks it, it is dropped
+// unprocessed; the server only publishes a MAX_DELIVERIES advisory. Alert
+// on it; the message can be read from the stream by its sequence and
+// republished once its cause is fixed. A Handler knows MaxDeliver only
+// when built with Options.Consumer.
+var ErrMaxDeliveries = errors.New("natsdedup: Nak'ed on the last delivery allowed by MaxDeliver: the message will not be redelivered")
+
 // Options configure New; nil means all defaults.
 type Options struct {
 	// MsgID returns a message's id ("": none, the message is terminated),
@@ -114,9 +150,11 @@ type Options struct {
 	// AckWait says). New reads its configuration from the cached info,
 	// without a request: AckWait is the shortest of the consumer's AckWait
 	// and BackOff intervals (BackOff times redeliveries in AckWait's
-	// place), and a consumer that does not use AckExplicit is refused. A
-	// Handler shared by several consumers must be built from the one with
-	// the shortest AckWait.
+	// place), a consumer that does not use AckExplicit is refused, and
+	// MaxDeliver tells the Handler which delivery is the last (see
+	// ErrMaxDeliveries). A Handler shared by several consumers must be
+	// built from the one with the shortest AckWait and the smallest
+	// MaxDeliver.
 	Consumer jetstream.Consumer
 	// AckWait is the consumer's AckWait, when Consumer is not given
 	// (0: DefaultAckWait, JetStream's default). It sets the default
@@ -128,8 +166,9 @@ type Options struct {
 	// first of which is sent as fn starts (0: AckWait/2; negative: none).
 	Heartbeat time.Duration
 	// DoubleAck waits for the server to confirm each Ack, so that a lost ack
-	// is reported instead of causing a redelivery (which the window would
-	// drop anyway). Off by default.
+	// is reported in Handle's error. The message is then redelivered after
+	// AckWait either way, and the window replays it (acks it without
+	// running fn). Off by default.
 	DoubleAck bool
 	// OnDecision, when set, is called after each message was answered, with
 	// the window's decision and the error of processing or of the answer.
@@ -140,9 +179,10 @@ type Options struct {
 // Handler processes JetStream messages through a dedup.Window. It is safe
 // for concurrent use, so several consumers may share one.
 type Handler struct {
-	w  *dedup.Window
-	fn func(ctx context.Context, msg jetstream.Msg) error
-	o  Options
+	w          *dedup.Window
+	fn         func(ctx context.Context, msg jetstream.Msg) error
+	o          Options
+	maxDeliver int // the consumer's MaxDeliver (<= 0: unlimited or unknown)
 }
 
 // New returns a Handler that runs fn for each message the window has not
@@ -163,6 +203,7 @@ func New(w *dedup.Window, fn func(ctx context.Context, msg jetstream.Msg) error,
 	if o.AckWait < 0 {
 		return nil, fmt.Errorf("%w: natsdedup: AckWait %v is negative", idempotency.ErrInvalidConfig, o.AckWait)
 	}
+	maxDeliver := 0
 	if o.Consumer != nil {
 		if o.AckWait != 0 {
 			return nil, fmt.Errorf("%w: natsdedup: AckWait %v given with a Consumer, whose AckWait is used; set one of them", idempotency.ErrInvalidConfig, o.AckWait)
@@ -172,6 +213,7 @@ func New(w *dedup.Window, fn func(ctx context.Context, msg jetstream.Msg) error,
 			return nil, err
 		}
 		o.AckWait = ackWait
+		maxDeliver = o.Consumer.CachedInfo().Config.MaxDeliver
 	}
 	if o.AckWait == 0 {
 		o.AckWait = DefaultAckWait
@@ -188,7 +230,7 @@ func New(w *dedup.Window, fn func(ctx context.Context, msg jetstream.Msg) error,
 	if o.Heartbeat >= o.AckWait {
 		return nil, fmt.Errorf("%w: natsdedup: Heartbeat %v is not shorter than AckWait %v", idempotency.ErrInvalidConfig, o.Heartbeat, o.AckWait)
 	}
-	return &Handler{w: w, fn: fn, o: o}, nil
+	return &Handler{w: w, fn: fn, o: o, maxDeliver: maxDeliver}, nil
 }
 
 // consumerAckWait reads how long JetStream waits for c's acks, and checks
@@ -260,6 +302,14 @@ func (h *Handler) Handle(ctx context.Context, msg jetstream.Msg) (dedup.Decision
 	}
 	if aerr != nil {
 		err = errors.Join(err, fmt.Errorf("natsdedup: %s %q: %w", d.Action, id, aerr))
+	}
+	if d.Action == dedup.Nak && h.maxDeliver > 0 {
+		// JetStream drops a message that has had its MaxDeliver deliveries
+		// once it is Nak'ed (or its AckWait ends, if the Nak was lost),
+		// telling only its advisory subject.
+		if md, merr := msg.Metadata(); merr == nil && md.NumDelivered >= uint64(h.maxDeliver) {
+			err = errors.Join(err, fmt.Errorf("natsdedup: %q: delivery %d of MaxDeliver %d: %w", id, md.NumDelivered, h.maxDeliver, ErrMaxDeliveries))
+		}
 	}
 	if h.o.OnDecision != nil {
 		h.o.OnDecision(msg, d, err)

@@ -304,18 +304,7 @@ func exactlyOnce(t *testing.T, newStore func(prefix string) idempotency.Store) {
 // AckWait/2 keeps JetStream from redelivering it.
 func TestHeartbeatHoldsOffRedelivery(t *testing.T) {
 	const ackWait = 800 * time.Millisecond
-	js, name, subject := stream(t, 0)
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	defer cancel()
-	if _, err := js.Publish(ctx, subject, []byte("long"), jetstream.WithMsgID("long-1")); err != nil {
-		t.Fatal(err)
-	}
-	cons, err := js.CreateOrUpdateConsumer(ctx, name, jetstream.ConsumerConfig{
-		Durable: "slow", AckPolicy: jetstream.AckExplicitPolicy, AckWait: ackWait, MaxDeliver: -1,
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
+	ctx, cons := oneMessage(t, "slow", ackWait)
 	w, err := dedup.New(idempotency.NewMemoryStore(), &dedup.Options{Lease: ackWait / 2})
 	if err != nil {
 		t.Fatal(err)
