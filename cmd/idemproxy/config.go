@@ -42,6 +42,9 @@ type config struct {
 	// cacheTTL); replayCacheSize bounds the cache's memory.
 	replayCache     cacheTTL
 	replayCacheSize int64
+	// storeSource names where store came from, -store or IDEMPROXY_STORE,
+	// for an error that only opening the store finds.
+	storeSource string
 }
 
 // cacheTTL is the -replay-cache flag: a duration, or auto.
@@ -130,19 +133,33 @@ IDEMPROXY_UPSTREAM_TIMEOUT, ...); a flag on the command line wins.
 	fs.Int64Var(&c.replayCacheSize, "replay-cache-size", 64<<20, fmt.Sprintf("most bytes the replay cache holds (keys, fingerprints, bodies, headers); at least %d, checked unless -replay-cache is 0 even on a store that gets no cache, so that a wrong size (64 meant as MiB) stops the proxy now rather than when it moves to a store that has one", minReplayCacheSize))
 	fs.DurationVar(&c.shutdown, "shutdown-timeout", 30*time.Second, "on SIGTERM, how long in-flight requests may take to finish")
 
-	// The environment first, so that flags on the command line override it.
-	// fromEnv names each flag's variable while the environment's value
-	// stands, so that an error names what the operator wrote.
+	// The command line first, then the environment for the flags it left
+	// alone: a flag on the command line wins, also over a variable whose
+	// value would not parse, and -h prints the usage whatever the
+	// environment holds.
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return nil, err
+		}
+		return nil, fmt.Errorf("%w: %v", errUsage, err)
+	}
+	onCommandLine := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { onCommandLine[f.Name] = true })
+	// fromEnv names each flag's variable where the environment set it, so
+	// that an error names what the operator wrote.
 	fromEnv := map[string]string{}
 	var envErr error
 	fs.VisitAll(func(f *flag.Flag) {
+		if onCommandLine[f.Name] || envErr != nil {
+			return
+		}
 		name := envName(f.Name)
 		v, ok := lookupEnv(name)
-		if !ok || envErr != nil {
+		if !ok {
 			return
 		}
 		if err := f.Value.Set(v); err != nil {
-			envErr = fmt.Errorf("%w: %s=%q: %v", errUsage, name, v, err)
+			envErr = fmt.Errorf("%w: %s=%q: %s", errUsage, name, v, wantOf(f, err))
 			return
 		}
 		fromEnv[f.Name] = name
@@ -150,18 +167,15 @@ IDEMPROXY_UPSTREAM_TIMEOUT, ...); a flag on the command line wins.
 	if envErr != nil {
 		return nil, envErr
 	}
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return nil, err
-		}
-		return nil, fmt.Errorf("%w: %v", errUsage, err)
+	c.storeSource = "-store"
+	if env, ok := fromEnv["store"]; ok {
+		c.storeSource = env
 	}
-	fs.Visit(func(f *flag.Flag) { delete(fromEnv, f.Name) })
 	// bad reports a bad value of flag name, naming it as the operator set
 	// it: -name "value" or IDEMPROXY_NAME="value".
 	bad := func(name, format string, args ...any) error {
 		v := fs.Lookup(name).Value.String()
-		if name == "upstream" {
+		if name == "upstream" || name == "store" {
 			v = storeurl.Redact(v)
 		}
 		src := fmt.Sprintf("-%s %q", name, v)
@@ -194,6 +208,14 @@ IDEMPROXY_UPSTREAM_TIMEOUT, ...); a flag on the command line wins.
 	}
 	if c.store == "" {
 		return nil, bad("store", "is empty")
+	}
+	if err := storeurl.Check(c.store); err != nil {
+		if errors.Is(err, storeurl.ErrUnknownScheme) {
+			// Not quoted: what is not a URL may be a key=value connection
+			// string with a password in it, which Redact would not find.
+			return nil, fmt.Errorf("%w: %s: %v", errUsage, c.storeSource, err)
+		}
+		return nil, bad("store", "%v", err)
 	}
 	if err := checkHeaderName(c.scopeHeader); err != nil {
 		return nil, bad("scope-header", "%v", err)
@@ -228,6 +250,20 @@ IDEMPROXY_UPSTREAM_TIMEOUT, ...); a flag on the command line wins.
 		return nil, bad("log-format", "want text or json")
 	}
 	return c, nil
+}
+
+// wantOf says what flag f takes, for a variable whose value err refused:
+// the flag package's own errors for its types say only "parse error".
+func wantOf(f *flag.Flag, err error) string {
+	switch typ, _ := flag.UnquoteUsage(f); typ {
+	case "duration":
+		return "want a duration with its unit, such as 500ms, 30s, 5m or 24h"
+	case "": // a bool flag
+		return "want true or false"
+	case "int":
+		return "want a whole number"
+	}
+	return err.Error()
 }
 
 // checkHeaderName rejects a -scope-header that no request can carry (every

@@ -199,3 +199,37 @@ func TestBadListenBeforeStore(t *testing.T) {
 		t.Fatal("the store was opened before -listen was checked")
 	}
 }
+
+// TestEnvValueHint: a variable that does not parse says what is wanted;
+// the flag package's own word is only "parse error", and a variable,
+// unlike a flag, gets no usage listing that shows the flag's type.
+func TestEnvValueHint(t *testing.T) {
+	for _, tc := range []struct{ name, value, want string }{
+		{"IDEMPROXY_LEASE", "30", "duration"},
+		{"IDEMPROXY_REQUIRE_KEY", "yes", "true or false"},
+		{"IDEMPROXY_MAX_BODY", "1MiB", "whole number"},
+	} {
+		_, err := parseConfig([]string{"-upstream", "http://x"}, envOf(map[string]string{tc.name: tc.value}), &syncBuffer{})
+		if !errors.Is(err, errUsage) || !strings.Contains(err.Error(), tc.name) || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s=%q: %v; want a usage error naming it and saying %q", tc.name, tc.value, err, tc.want)
+		}
+	}
+}
+
+// TestFlagWinsOverBadEnv: a flag on the command line wins over its
+// variable, also over one that does not parse, and -h prints the usage
+// whatever the environment holds.
+func TestFlagWinsOverBadEnv(t *testing.T) {
+	env := envOf(map[string]string{"IDEMPROXY_LEASE": "abc", "IDEMPROXY_UPSTREAM": "http://x"})
+	c, err := parseConfig([]string{"-lease", "5s"}, env, &syncBuffer{})
+	if err != nil || c.lease.String() != "5s" {
+		t.Fatalf("-lease 5s with IDEMPROXY_LEASE=abc: %+v, %v; want lease 5s", c, err)
+	}
+	if _, err := parseConfig([]string{"-h"}, env, &syncBuffer{}); !errors.Is(err, flag.ErrHelp) {
+		t.Fatalf("-h with IDEMPROXY_LEASE=abc: %v; want flag.ErrHelp", err)
+	}
+	// Without the flag, the variable's error stands.
+	if _, err := parseConfig(nil, env, &syncBuffer{}); !errors.Is(err, errUsage) || !strings.Contains(err.Error(), "IDEMPROXY_LEASE") {
+		t.Fatalf("IDEMPROXY_LEASE=abc alone: %v; want a usage error naming it", err)
+	}
+}

@@ -26,12 +26,12 @@
 //
 // The upstream call is not cancelled when the client goes away, not even
 // while the response is being copied to it: it finishes, its response is
-// stored and the client's retry replays it (idemhttp's Options.Detach). When the
-// upstream cannot be dialled nothing was sent: the proxy answers 502
-// (application/problem+json) and releases the key, so the retry runs at
-// once. When the request was sent and no complete response came back (a
-// timeout, -upstream-timeout, a reset, a body cut short) the operation may
-// have taken effect: the proxy answers 504 or 502 (or aborts a response
+// stored and the client's retry replays it (idemhttp's Options.Detach). When
+// the upstream cannot be dialled, or the TLS handshake with it fails, nothing
+// was sent: the proxy answers 502 (application/problem+json) and releases the
+// key, so the retry runs at once. When the request was sent and no complete
+// response came back (a timeout, -upstream-timeout, a reset, a body cut
+// short) the operation may have taken effect: the proxy answers 504 or 502 (or aborts a response
 // already under way) and keeps the claim until its lease ends, so a retry
 // gets 409 until then and runs again only afterwards.
 //
@@ -117,6 +117,11 @@ func serve(ctx context.Context, cfg *config, log *slog.Logger) error {
 	openCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	store, closer, err := storeurl.Open(openCtx, cfg.store, storeurl.Options{Migrate: cfg.migrate, Logger: log})
 	cancel()
+	if errors.Is(err, idempotency.ErrInvalidConfig) {
+		// What only the store judges (a setting the server refuses, a
+		// schema -migrate=false finds unmigrated) is a bad value too.
+		return fmt.Errorf("%w: %s: %w", errUsage, cfg.storeSource, err)
+	}
 	if err != nil {
 		return fmt.Errorf("open store: %w", err)
 	}
@@ -326,10 +331,11 @@ func operate(ctx context.Context, cmd string, args []string, stdout, stderr io.W
 	}
 	storeSet := false
 	fs.Visit(func(f *flag.Flag) { storeSet = storeSet || f.Name == "store" })
+	storeSource := "-store"
 	if !storeSet {
 		*storeURL = "bolt:idempotency.db"
 		if v, ok := lookupEnv("IDEMPROXY_STORE"); ok {
-			*storeURL = v
+			*storeURL, storeSource = v, "IDEMPROXY_STORE"
 		}
 	}
 	if fs.NArg() != 1 {
@@ -340,33 +346,49 @@ func operate(ctx context.Context, cmd string, args []string, stdout, stderr io.W
 	if err != nil {
 		return fmt.Errorf("%w: KEY: %v", errUsage, err)
 	}
+	if err := storeurl.Check(*storeURL); err != nil {
+		// The URL is not repeated: it may hold a password.
+		return fmt.Errorf("%w: %s: %w", errUsage, storeSource, err)
+	}
 	key := idemhttp.StoreKey(*scope, k)
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	store, closer, err := storeurl.Open(ctx, *storeURL, storeurl.Options{})
+	if errors.Is(err, idempotency.ErrInvalidConfig) {
+		return fmt.Errorf("%w: %s: %w", errUsage, storeSource, err)
+	}
 	if err != nil {
 		return err
 	}
 	defer closer.Close()
+	// notFound names the key as the operator gave it: the store's own
+	// error shows its internal form (scope, NUL, key).
+	notFound := func(err error) error {
+		if errors.Is(err, idempotency.ErrNotFound) {
+			return fmt.Errorf("%w: no live record of key %q in scope %q (a request with an Authorization header has the scope auth:..., see -scope)",
+				idempotency.ErrNotFound, k, *scope)
+		}
+		return err
+	}
 	switch cmd {
 	case "get":
 		rec, err := store.Get(ctx, key, time.Now())
 		if err != nil {
-			return err
+			return notFound(err)
 		}
 		enc := json.NewEncoder(stdout)
 		enc.SetIndent("", "  ")
 		return enc.Encode(recordView(rec))
 	case "delete":
 		if err := deleteKey(ctx, store, key, time.Now()); err != nil {
-			return err
+			return notFound(err)
 		}
 		fmt.Fprintln(stdout, "deleted")
 	case "release":
 		// The command cannot know whether a proxy is running the key's
 		// request: that check is the admin API's.
 		if err := releaseKey(ctx, store, key, time.Now(), nil, true); err != nil {
-			return err
+			return notFound(err)
 		}
 		fmt.Fprintln(stdout, "released")
 	}

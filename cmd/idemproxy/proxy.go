@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"crypto/sha256"
+	"crypto/tls"
 	"encoding/hex"
 	"errors"
 	"log/slog"
@@ -111,14 +112,58 @@ func upstreamError(w http.ResponseWriter, r *http.Request, err error, log *slog.
 }
 
 // notSent reports whether err proves that the request never reached the
-// upstream: the connection could not be made.
+// upstream: the connection could not be made, or its TLS handshake
+// failed.
 func notSent(err error) bool {
 	var op *net.OpError
 	if errors.As(err, &op) && op.Op == "dial" {
 		return true
 	}
 	var dns *net.DNSError
-	return errors.As(err, &dns) || errors.Is(err, syscall.ECONNREFUSED)
+	return errors.As(err, &dns) || errors.Is(err, syscall.ECONNREFUSED) || handshakeFailed(err)
+}
+
+// handshakeFailed reports whether err is the failure of a TLS handshake
+// with the upstream. The Transport writes a request only once the
+// handshake is complete, so none of these follows a request the
+// upstream's HTTP side has seen. Every test is of an error that only a
+// handshake returns: an error that may also come later (a reset, EOF, an
+// alert such as bad record MAC) keeps counting as sent.
+func handshakeFailed(err error) bool {
+	var verify *tls.CertificateVerificationError
+	if errors.As(err, &verify) {
+		return true // the upstream's certificate was not trusted
+	}
+	var record tls.RecordHeaderError
+	if errors.As(err, &record) && record.Conn != nil {
+		return true // the first record was not TLS: an http:// upstream named as https://
+	}
+	var op *net.OpError
+	if errors.As(err, &op) && op.Op == "remote error" && op.Err != nil && handshakeAlerts[op.Err.Error()] {
+		// The upstream refused the handshake. Under TLS 1.3 a refused
+		// client certificate is read only after the request was written,
+		// but the server's TLS layer never handed that request on.
+		return true
+	}
+	// The Transport's TLSHandshakeTimeout error has an unexported type:
+	// its text is all there is to recognise it by.
+	for e := err; e != nil; e = errors.Unwrap(e) {
+		if e.Error() == "net/http: TLS handshake timeout" {
+			return true
+		}
+	}
+	return false
+}
+
+// handshakeAlerts are the texts crypto/tls gives the alerts that a server
+// sends only while it negotiates a connection (RFC 8446 section 6.2).
+var handshakeAlerts = map[string]bool{
+	"tls: handshake failure": true, "tls: bad certificate": true, "tls: unsupported certificate": true,
+	"tls: revoked certificate": true, "tls: expired certificate": true, "tls: unknown certificate": true,
+	"tls: unknown certificate authority": true, "tls: access denied": true,
+	"tls: protocol version not supported": true, "tls: insufficient security level": true,
+	"tls: missing extension": true, "tls: unsupported extension": true, "tls: unrecognized name": true,
+	"tls: certificate required": true, "tls: no application protocol": true,
 }
 
 func isTimeout(err error) bool {
