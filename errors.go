@@ -48,6 +48,11 @@ var (
 // waiting for the lease to end. Use it only when no side effect can have
 // taken place (validation failed, a downstream call was refused before it
 // was sent). Retryable(nil) is nil.
+//
+// If the key cannot be released (the store fails, or the claim is no longer
+// this caller's), Do returns fn's error without the mark, so IsRetryable is
+// false, joined with the store's error, which wraps ErrUnavailable or
+// ErrLeaseLost: the claim stays until its lease ends.
 func Retryable(err error) error {
 	if err == nil {
 		return nil
@@ -66,8 +71,8 @@ type retryableError struct{ err error }
 
 // notRetryable is err with its Retryable mark hidden: errors.Is and As
 // still see through it, except to the mark. It carries fn's error when the
-// key could not be released for it (the lease was lost), so that a caller
-// that asks IsRetryable is not told the key was released.
+// key could not be released for it (the lease was lost, or Release failed),
+// so that a caller that asks IsRetryable is not told the key was released.
 type notRetryable struct{ err error }
 
 func (e notRetryable) Error() string { return e.err.Error() }

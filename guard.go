@@ -52,7 +52,8 @@ const (
 //   - RenewEvery (0: Lease/3) is the renewal interval, shorter than nine
 //     tenths of Lease; negative disables renewal (the seed's behaviour).
 //   - OnRenew (nil: none) is called after every renewal attempt, with its
-//     error, from the renewing goroutine.
+//     error, from the renewing goroutine; not for an attempt cut short
+//     because fn returned.
 //   - Timeout (0: none) bounds each run of fn through its ctx, counted
 //     from its claim by the local clock: once it has passed, fn's ctx is
 //     done with context.DeadlineExceeded (unless the caller's ctx or a lost
@@ -213,7 +214,8 @@ type Result struct {
 //
 // When fn returns an error, nothing is stored and the claim is kept until
 // its lease ends, as after a crash: fn may have had side effects. Mark the
-// error with Retryable to release the key at once instead. If fn panics, the
+// error with Retryable to release the key at once instead (if the release
+// fails, the error says so and is no longer Retryable). If fn panics, the
 // key is released and the panic continues. If storing the result fails, Do
 // returns fn's response, Executed and the store's error: the side effect
 // happened but a retry may run fn again after the lease (fence it
@@ -242,7 +244,14 @@ func (g *Guard) run(ctx context.Context, key, fingerprint string, fn func(contex
 	}
 	if ms, ok := g.Store.(*MemoryStore); ok {
 		// The same answer as below, without a Record in between, and
-		// without a time.Time unless fn runs.
+		// without a time.Time unless fn runs. The fault hook runs before
+		// the clock is read: with Now set, the lease runs from that reading
+		// and fn's from the local clock after the claim, so a hook that
+		// injects latency must not fall between them.
+		if err := ms.fault(ctx, "begin"); err != nil {
+			*res = Result{Outcome: Unavailable}
+			return unavailable("begin", err)
+		}
 		var (
 			now   time.Time
 			n     int64
@@ -256,7 +265,7 @@ func (g *Guard) run(ctx context.Context, key, fingerprint string, fn func(contex
 			n = a.unix + int64(d)
 			local = &now
 		}
-		claimed, err := ms.beginResult(ctx, key, fingerprint, n, local, cfg.lease, cfg.retention, res)
+		claimed, err := ms.beginResult(key, fingerprint, n, local, cfg.lease, cfg.retention, res)
 		switch {
 		case err != nil:
 			*res = Result{Outcome: Unavailable}
@@ -353,7 +362,14 @@ func (g *Guard) execute(ctx context.Context, cfg config, key string, token uint6
 	if ferr != nil {
 		if IsRetryable(ferr) {
 			if rerr := g.Store.Release(wctx, key, token); rerr != nil {
-				return errors.Join(ferr, fmt.Errorf("idempotency: release: %w", rerr))
+				// The claim stays (until its lease ends, or with another
+				// holder): fn's error loses its mark, as after a lost lease.
+				if !errors.Is(rerr, ErrLeaseLost) {
+					rerr = unavailable("release", rerr)
+				} else {
+					rerr = fmt.Errorf("idempotency: release: %w", rerr)
+				}
+				return errors.Join(notRetryable{ferr}, rerr)
 			}
 		}
 		return ferr
@@ -389,8 +405,9 @@ type claimKey struct{}
 
 // claimCtx is the context fn runs with. It carries the fencing token and is
 // cancelled when the lease is lost or fn returns. It is a single
-// allocation: its done channel, and the link to the parent's cancellation,
-// are made only if fn asks for Done.
+// allocation: its done channel is made only if fn asks for Done, and the
+// link to the parent's cancellation only if fn asks for Done or derives a
+// context (AfterFunc), once per claim.
 //
 // Err and Done agree at every moment: Err returns nil while Done is open,
 // so a parent's cancellation, which reaches Done through a goroutine of the
@@ -405,8 +422,8 @@ type claimCtx struct {
 	ended  bool         // the lease was lost or fn returned: c is done whatever its parent
 	err    error        // the first non-nil Err, kept: Err must not change after
 	proven bool         // the store said so (ErrLeaseLost), not just the clock
-	stopFn func() bool  // unlinks from the parent's cancellation
-	afters []*afterCall // functions to run when c ends before its parent
+	stopFn func() bool  // unlinks from the parent's cancellation (see linkLocked)
+	afters []*afterCall // functions to run when c is done
 }
 
 // AfterFunc arranges for f to run, in its own goroutine, once c is done:
@@ -414,10 +431,17 @@ type claimCtx struct {
 // package looks for this method: with it, a context derived from c
 // (WithCancel, WithTimeout, as an HTTP transport makes for every request)
 // links to c without a goroutine of its own waiting on c.Done.
+//
+// c links to its parent once, for all of them (see linkLocked), and finish
+// unlinks it: a link per function would stay with the parent whenever c
+// ended first, since a derived context that c cancelled is not unlinked
+// by its own cancel function.
 func (c *claimCtx) AfterFunc(f func()) (stop func() bool) {
 	a := &afterCall{f: f}
+	perr := c.Context.Err()
 	c.mu.Lock()
-	if c.ended {
+	if c.setErrLocked(perr); c.err != nil {
+		// c is done: it ended, or its parent is done.
 		c.mu.Unlock()
 		a.run()
 		return a.stop
@@ -429,18 +453,9 @@ func (c *claimCtx) AfterFunc(f func()) (stop func() bool) {
 		c.afters = slices.DeleteFunc(c.afters, func(a *afterCall) bool { return a.state.Load() != 0 })
 	}
 	c.afters = append(c.afters, a)
+	c.linkLocked()
 	c.mu.Unlock()
-	if c.Context.Done() == nil {
-		// The parent is never done (a detached request): only the claim
-		// can end c, and linking to the parent would cost two allocations
-		// for nothing.
-		return a.stop
-	}
-	stopParent := context.AfterFunc(c.Context, a.run)
-	return func() bool {
-		stopParent()
-		return a.stop()
-	}
+	return a.stop
 }
 
 // afterCall runs f at most once, unless stopped first.
@@ -490,18 +505,30 @@ func (c *claimCtx) Done() <-chan struct{} {
 		// Closed at once if c has an error (it ended, or its parent is
 		// done), not from a goroutine later: Err already says so.
 		c.setErrLocked(perr)
-		if c.err == nil && c.Context.Done() != nil {
-			c.stopFn = context.AfterFunc(c.Context, c.closeDone)
-		}
+		c.linkLocked()
 	}
 	return c.done
 }
 
-func (c *claimCtx) closeDone() {
+// linkLocked makes the parent's cancellation reach c (its done channel and
+// its AfterFunc functions) unless it is linked already, c is done, or the
+// parent is never done (a detached request: linking would cost two
+// allocations for nothing). The link lasts until finish. c is locked; the
+// parent runs parentDone in a goroutine of its own, so linking under c's
+// lock cannot deadlock.
+func (c *claimCtx) linkLocked() {
+	if c.stopFn == nil && c.err == nil && c.Context.Done() != nil {
+		c.stopFn = context.AfterFunc(c.Context, c.parentDone)
+	}
+}
+
+// parentDone passes the parent's cancellation on to c.
+func (c *claimCtx) parentDone() {
 	perr := c.Context.Err()
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.setErrLocked(perr)
+	c.runAftersLocked()
 }
 
 // setErrLocked makes err c's error unless it has one, and closes done if
@@ -535,6 +562,12 @@ func (c *claimCtx) endLocked(perr error) {
 		perr = context.Canceled
 	}
 	c.setErrLocked(perr)
+	c.runAftersLocked()
+}
+
+// runAftersLocked runs the AfterFunc functions, once c is done, and forgets
+// them. c is locked.
+func (c *claimCtx) runAftersLocked() {
 	for _, a := range c.afters {
 		a.run()
 	}

@@ -19,7 +19,10 @@ type MemoryOptions struct {
 	// MaxRecords bounds the number of records held (0: unbounded). When the
 	// store is full and no expired record can be reclaimed, Begin fails
 	// closed with ErrUnavailable rather than evicting a live record, which
-	// would let a retry run a second time.
+	// would let a retry run a second time. A full store reclaims from every
+	// shard but those locked by another call at that moment, so under load
+	// a Begin may fail while expired records remain in a busy shard; a
+	// retry tries that shard again.
 	MaxRecords int
 }
 
@@ -481,11 +484,9 @@ func (s *MemoryStore) Begin(ctx context.Context, key, fingerprint string, now ti
 // is Begin's second result, and res.Outcome is set only when it is false.
 // When local is not nil, now is the local clock's reading, which may run
 // late (see localClock): a Begin that writes reads time.Now into *local and
-// decides by it instead.
-func (s *MemoryStore) beginResult(ctx context.Context, key, fingerprint string, now int64, local *time.Time, lease, retention time.Duration, res *Result) (claimed bool, err error) {
-	if err := s.fault(ctx, "begin"); err != nil {
-		return false, err
-	}
+// decides by it instead. The caller has called the fault hook already
+// (s.fault), before reading the clock.
+func (s *MemoryStore) beginResult(key, fingerprint string, now int64, local *time.Time, lease, retention time.Duration, res *Result) (claimed bool, err error) {
 	sh, h := s.shard(key)
 	sh.mu.Lock()
 	rec, claimed, err := s.claim(sh, h, key, fingerprint, now, local, lease, retention)

@@ -211,7 +211,7 @@ func TestMemoryModel(t *testing.T) {
 				fail("Begin = %+v %v %v, want %+v %v", got, claimed, err, want, wantClaimed)
 			}
 			var res Result
-			claimed, err = viaResult.beginResult(ctx, key, fp, n, nil, lease, retention, &res)
+			claimed, err = viaResult.beginResult(key, fp, n, nil, lease, retention, &res)
 			if wantRes := resultOf(want, wantClaimed); err != nil || claimed != wantClaimed || !reflect.DeepEqual(res, wantRes) {
 				fail("beginResult = %+v %v %v, want %+v %v", res, claimed, err, wantRes, wantClaimed)
 			}
