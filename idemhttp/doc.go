@@ -19,9 +19,12 @@
 // TLS client certificate's identity without one, see DefaultScope): one
 // caller's response is never replayed to another.
 //
-// The fingerprint is the hex SHA-256 of the method, the path as sent, the
+// The fingerprint is the hex SHA-256 of the method, the escaped path
+// (URL.EscapedPath: as sent, so /a%2Fb is neither /a/b nor /a%252Fb), the
 // query with its pairs decoded and sorted by name (values of one name keep
-// their order), the Options.FingerprintHeaders (Content-Type) and the body.
+// their order; a pair that URL.Query drops, with a semicolon or a bad
+// escape, is kept as sent), the Options.FingerprintHeaders (Content-Type)
+// and the body.
 // The body is read (up to Options.MaxBody, or an outer
 // http.MaxBytesReader's limit, else 413) before the handler runs and handed
 // to it again. The same key for another request, another path included, is
@@ -41,7 +44,8 @@
 //     cases that keep it.
 //   - Replayed: the stored status, header fields and body, with
 //     Idempotent-Replayed: true. net/http sets Date, Content-Length and the
-//     sniffed Content-Type again; Set-Cookie is not stored (DefaultStoreHeader).
+//     sniffed Content-Type again; Set-Cookie is not stored (DefaultStoreHeader,
+//     which, like StoreHeader, judges a field by its canonical name).
 //     Fields an outer handler set before the middleware ran (a request id,
 //     CORS) are not stored unless the handler changed them: a replay keeps
 //     the retry's own.
@@ -123,12 +127,19 @@
 //     httputil.ReverseProxy aborts a response whose upstream broke off in
 //     the middle of the body (or whose client went away while it was
 //     copied). The panic is passed on after the claim is settled, so the
-//     server still aborts the response. Any other panic releases the key and
-//     goes on (the middleware tries the Release a second time if the
-//     Guard's failed; if that fails too, the claim stays until its lease
-//     ends, and the Observer sees Abandoned).
+//     server still aborts the response.
+//   - The handler panics with anything else after it sent a status that is
+//     stored (it announced the work done, and the client, whose response is
+//     cut short, retries) or called KeepClaim. The panic is passed on after
+//     the claim is settled, as an error whose message holds the value and
+//     the stack where it was raised (Unwrap gives the value if it is an
+//     error).
 //
-// The Observer sees Abandoned in each case.
+// The Observer sees Abandoned in each case. Any other panic (before a
+// status was sent, or after one that is not stored) releases the key and
+// goes on as it was raised (the middleware tries the Release a second time
+// if the Guard's failed; if that fails too, the claim stays until its lease
+// ends, and the Observer sees Abandoned).
 //
 // # Operator tools
 //

@@ -13,12 +13,12 @@ import (
 
 // fingerprintVersion starts every fingerprint's input, so that a change of
 // the canonical form below can never make an old record match a new request.
-const fingerprintVersion = "idemhttp/fp/v2"
+const fingerprintVersion = "idemhttp/fp/v3"
 
-// queryPair is one name=value of the query, decoded. raw marks a pair with
-// a part that does not decode (a stray %): it is kept as sent and told
-// apart from a pair that decodes to the same text, since net/http's
-// URL.Query drops it while it keeps the other.
+// queryPair is one name=value of the query, decoded. raw marks a pair that
+// net/http's URL.Query drops, with a part that does not decode (a stray %)
+// or a semicolon: it is kept as sent and told apart from a pair that
+// decodes to the same text (a=%25zz, a=1%3Bb=2), which URL.Query keeps.
 type queryPair struct {
 	name, value string
 	raw         bool
@@ -34,7 +34,8 @@ func appendField(b []byte, s string) []byte {
 // canonicalQuery appends the pairs of raw to pairs, decoded and sorted by
 // name. The relative order of the values of one name is kept, since it may
 // carry meaning (a=1&a=2 is not a=2&a=1). Empty pairs (a&&b) are dropped,
-// and "a" is "a=". A pair that does not decode is kept as sent.
+// and "a" is "a=". A pair that URL.Query drops, because a part does not
+// decode or because it holds a semicolon, is kept as sent and flagged.
 func canonicalQuery(pairs []queryPair, raw string) []queryPair {
 	for raw != "" {
 		var part string
@@ -43,6 +44,11 @@ func canonicalQuery(pairs []queryPair, raw string) []queryPair {
 			continue
 		}
 		name, value, _ := strings.Cut(part, "=")
+		if strings.IndexByte(part, ';') >= 0 {
+			// a=1;b=2 decodes like a=1%3Bb=2, which URL.Query keeps.
+			pairs = append(pairs, queryPair{name: name, value: value, raw: true})
+			continue
+		}
 		n, nok := unescapeQuery(name)
 		v, vok := unescapeQuery(value)
 		pairs = append(pairs, queryPair{name: n, value: v, raw: !nok || !vok})
@@ -73,8 +79,9 @@ type fingerprinter struct {
 }
 
 // appendHead appends the canonical form of everything but the body: method,
-// path (as sent, so /a%2Fb is not /a/b), canonical query and the selected
-// header fields (names canonicalized, values in order).
+// escaped path (URL.EscapedPath: as sent, so /a%2Fb is not /a/b, and never
+// the decoded path, which /a%252Fb would share with it), canonical query and
+// the selected header fields (names canonicalized, values in order).
 func (f *fingerprinter) appendHead(b []byte, method, path, rawQuery string, header http.Header, names []string) []byte {
 	b = append(b, fingerprintVersion...)
 	b = appendField(b, method)
@@ -105,11 +112,7 @@ func (f *fingerprinter) appendHead(b []byte, method, path, rawQuery string, head
 // appendFingerprint appends the hex SHA-256 of the canonical form of the
 // request and its body to b. names must be canonical header names.
 func (f *fingerprinter) appendFingerprint(b []byte, r *http.Request, names []string, body []byte) []byte {
-	path := r.URL.RawPath
-	if path == "" {
-		path = r.URL.Path
-	}
-	f.head = f.appendHead(f.head[:0], r.Method, path, r.URL.RawQuery, r.Header, names)
+	f.head = f.appendHead(f.head[:0], r.Method, r.URL.EscapedPath(), r.URL.RawQuery, r.Header, names)
 	f.head = binary.AppendUvarint(f.head, uint64(len(body)))
 	f.h.Reset()
 	f.h.Write(f.head)

@@ -2,6 +2,7 @@ package idemhttp
 
 import (
 	"crypto/sha256"
+	"maps"
 	"net/http"
 	"net/url"
 	"slices"
@@ -98,5 +99,31 @@ func FuzzFingerprint(f *testing.F) {
 		if path != "" && fpOf(fp1, method+path[:1], path[1:], query, ct, body) == a {
 			t.Fatal("moving a byte from path to method kept the fingerprint")
 		}
+		// A request target and its twin with '%' (path) or ';' (query)
+		// escaped: whenever the handler sees them differently (URL.Path,
+		// URL.Query), their fingerprints differ.
+		target := "/" + path + "?" + query
+		twin := "/" + strings.ReplaceAll(path, "%", "%25") + "?" + strings.ReplaceAll(query, ";", "%3B")
+		u1, err1 := url.ParseRequestURI(target)
+		u2, err2 := url.ParseRequestURI(twin)
+		if err1 != nil || err2 != nil {
+			return
+		}
+		if u1.Path == u2.Path && maps.EqualFunc(u1.Query(), u2.Query(), slices.Equal) {
+			return
+		}
+		if fpOfURL(fp1, method, u1, ct, body) == fpOfURL(fp2, method, u2, ct, body) {
+			t.Fatalf("%q and %q share a fingerprint; the handler sees paths %q, %q and queries %v, %v",
+				target, twin, u1.Path, u2.Path, u1.Query(), u2.Query())
+		}
 	})
+}
+
+// fpOfURL is fpOf for a parsed request target.
+func fpOfURL(f *fingerprinter, method string, u *url.URL, ct string, body []byte) string {
+	r := &http.Request{Method: method, URL: u, Header: http.Header{}}
+	if ct != "" {
+		r.Header["Content-Type"] = []string{ct}
+	}
+	return f.fingerprint(r, []string{"Content-Type"}, body)
 }

@@ -94,11 +94,24 @@ func newFixture(t *testing.T, opts *Options, gopts *idempotency.Options, h http.
 	return f
 }
 
+// serveHTTP2 moves the fixture's handler to a TLS server that speaks
+// HTTP/2; f.do then reaches it over HTTP/2.
+func (f *fixture) serveHTTP2(t *testing.T) {
+	t.Helper()
+	h := f.srv.Config.Handler
+	f.srv.Close()
+	f.srv = httptest.NewUnstartedServer(h)
+	f.srv.EnableHTTP2 = true
+	f.srv.StartTLS()
+	t.Cleanup(f.srv.Close)
+}
+
 type reply struct {
 	status int
 	header http.Header
 	body   string
 	trail  http.Header
+	proto  int // the response's HTTP major version
 }
 
 func (r reply) problem(t *testing.T) Problem {
@@ -167,7 +180,7 @@ func (f *fixture) try(q req) (reply, error) {
 	if err != nil {
 		return reply{}, err
 	}
-	return reply{status: resp.StatusCode, header: resp.Header, body: string(b), trail: resp.Trailer}, nil
+	return reply{status: resp.StatusCode, header: resp.Header, body: string(b), trail: resp.Trailer, proto: resp.ProtoMajor}, nil
 }
 
 // created is a handler answering 201 with a JSON body naming the call.

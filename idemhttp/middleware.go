@@ -9,6 +9,7 @@ import (
 	"io"
 	"net/http"
 	"net/textproto"
+	"runtime/debug"
 	"slices"
 	"strconv"
 	"strings"
@@ -37,14 +38,15 @@ const (
 var ErrResponseTooLarge = errors.New("idemhttp: response too large to store")
 
 var (
-	errHijacked      = errors.New("idemhttp: connection hijacked, nothing to store")
-	errStatusRelease = errors.New("idemhttp: status not stored, key released")
-	errClientGone    = errors.New("idemhttp: client went away and the status is not stored; claim kept until the lease ends")
-	errHandlerCut    = errors.New("idemhttp: the handler's context ended (the Guard's Timeout) and the status is not stored; claim kept until the lease ends")
-	errPanic         = errors.New("idemhttp: handler panicked, key released")
-	errPanicKept     = errors.New("idemhttp: handler panicked and the key could not be released; claim kept until the lease ends")
-	errAborted       = errors.New("idemhttp: handler aborted the response (http.ErrAbortHandler); claim kept until the lease ends")
-	errBodyTooLarge  = errors.New("idemhttp: request body too large")
+	errHijacked         = errors.New("idemhttp: connection hijacked, nothing to store")
+	errStatusRelease    = errors.New("idemhttp: status not stored, key released")
+	errClientGone       = errors.New("idemhttp: client went away and the status is not stored; claim kept until the lease ends")
+	errHandlerCut       = errors.New("idemhttp: the handler's context ended (the Guard's Timeout) and the status is not stored; claim kept until the lease ends")
+	errPanic            = errors.New("idemhttp: handler panicked, key released")
+	errPanicKept        = errors.New("idemhttp: handler panicked and the key could not be released; claim kept until the lease ends")
+	errAborted          = errors.New("idemhttp: handler aborted the response (http.ErrAbortHandler); claim kept until the lease ends")
+	errPanicAfterStatus = errors.New("idemhttp: handler panicked after it sent a status that is stored (or called KeepClaim); claim kept until the lease ends")
+	errBodyTooLarge     = errors.New("idemhttp: request body too large")
 )
 
 // ErrClaimKept is the Event.Err of a request whose handler called
@@ -98,7 +100,8 @@ type Options struct {
 	// DefaultStoreStatus.
 	StoreStatus func(status int) bool
 	// StoreHeader says whether a response header field is stored and
-	// replayed. nil: DefaultStoreHeader. The window header and
+	// replayed. It gets the field's canonical name, whatever the case the
+	// handler set it in. nil: DefaultStoreHeader. The window header and
 	// Idempotent-Replayed are never stored.
 	StoreHeader func(name string) bool
 	// ConflictStatus is the status for a key reused with another request:
@@ -291,8 +294,10 @@ func DefaultStoreStatus(status int) bool {
 // Upgrade), Date and Content-Length (net/http sets them again on replay),
 // and Set-Cookie: a session cookie must not be handed out again days later,
 // after the client rotated or ended its session, nor sit in the store.
+// Names are compared in their canonical form: field names are
+// case-insensitive, and a handler may set w.Header()["set-cookie"].
 func DefaultStoreHeader(name string) bool {
-	switch name {
+	switch textproto.CanonicalMIMEHeaderKey(name) {
 	case "Connection", "Keep-Alive", "Proxy-Connection", "Proxy-Authenticate", "Proxy-Authorization",
 		"Te", "Trailer", "Transfer-Encoding", "Upgrade", "Date", "Content-Length", "Set-Cookie":
 		return false
@@ -338,8 +343,15 @@ func appendDefaultScope(b []byte, scratch *[]byte, r *http.Request) []byte {
 }
 
 func (m *Middleware) storable(name string) bool {
+	// net/http takes only "Trailer:" as the trailer prefix, but sends every
+	// other field whatever the case of its name; so the policy sees the
+	// canonical name (which costs nothing when name already is).
+	if strings.HasPrefix(name, trailerKey) {
+		return false
+	}
+	name = textproto.CanonicalMIMEHeaderKey(name)
 	// Trailer is rebuilt on replay from the stored trailers.
-	if strings.HasPrefix(name, trailerKey) || name == ReplayedHeader || name == m.windowHeader || name == "Trailer" {
+	if name == ReplayedHeader || name == m.windowHeader || name == "Trailer" {
 		return false
 	}
 	if m.storeHeader != nil {
@@ -545,6 +557,7 @@ func (m *Middleware) serve(next http.Handler, w http.ResponseWriter, r *http.Req
 	cw := &st.cw
 	cw.reset(w, m)
 	finished := false
+	var panicked *handlerPanic // passed on once the Guard kept the claim
 	st.token = 0
 	defer func() {
 		if !finished {
@@ -571,14 +584,23 @@ func (m *Middleware) serve(next http.Handler, w http.ResponseWriter, r *http.Req
 			// upstream breaks off mid-body) says the response is cut short
 			// after the work may have been done: keep the claim, store
 			// nothing, and abort the response once the Guard is through.
-			// Any other panic goes on (from here, so its stack is intact)
-			// and the Guard releases the key.
+			// Any other panic after the handler sent a status that is
+			// stored (it announced the work done; the client, which gets a
+			// response cut short, retries) or called KeepClaim is the same
+			// case, and goes on once the Guard is through. Any other panic
+			// goes on from here, so its stack is intact, and the Guard
+			// releases the key.
 			if v := recover(); v != nil {
-				if v != http.ErrAbortHandler {
+				switch {
+				case v == http.ErrAbortHandler:
+					cw.aborted = true
+					resp, err = idempotency.Response{}, errAborted
+				case !cw.hijacked && (cw.kept() || (cw.status != 0 && m.storeStatus(cw.status))):
+					panicked = &handlerPanic{value: v, stack: debug.Stack()}
+					resp, err = idempotency.Response{}, fmt.Errorf("%w: %v", errPanicAfterStatus, v)
+				default:
 					panic(v)
 				}
-				cw.aborted = true
-				resp, err = idempotency.Response{}, errAborted
 			}
 		}()
 		cw.serve(next, hw, r2)
@@ -594,6 +616,12 @@ func (m *Middleware) serve(next http.Handler, w http.ResponseWriter, r *http.Req
 		st.release()
 		m.observe(r, Abandoned, status, start, err)
 		panic(http.ErrAbortHandler)
+	}
+	if panicked != nil {
+		status := cw.status
+		st.release()
+		m.observe(r, Abandoned, status, start, err)
+		panic(panicked)
 	}
 
 	var outcome Outcome
@@ -689,6 +717,25 @@ func (m *Middleware) result(cw *captureWriter, r *http.Request, hctx context.Con
 		cw.header["Content-Type"] = ct
 	}
 	return idempotency.Response{Status: cw.status, Header: cw.header, Body: cw.body}, nil
+}
+
+// handlerPanic is a handler's panic passed on after the Guard kept its
+// claim, as golang.org/x/sync/singleflight passes one on from another
+// goroutine: the stack where it was raised is gone by then, so it travels
+// in the message, which net/http logs. Unwrap gives the value if it was an
+// error.
+type handlerPanic struct {
+	value any
+	stack []byte
+}
+
+func (p *handlerPanic) Error() string {
+	return fmt.Sprintf("%v\n\nidemhttp: the handler panicked after it sent a stored status or called KeepClaim; claim kept. Its stack:\n%s", p.value, p.stack)
+}
+
+func (p *handlerPanic) Unwrap() error {
+	err, _ := p.value.(error)
+	return err
 }
 
 // waitFor polls the key while it is in flight, for at most m.wait.

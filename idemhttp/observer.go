@@ -26,7 +26,7 @@ const (
 	// holder took the key over; the response was not stored.
 	LeaseLost Outcome = "lease_lost"
 	// Released: the handler ran, its response was not stored (storage
-	// policy, Hijack or a panic other than http.ErrAbortHandler) and the
+	// policy, Hijack, or a panic before a stored status was sent) and the
 	// key was released for an immediate retry.
 	Released Outcome = "released"
 	// Abandoned: the response was not stored and the claim is kept until
@@ -34,7 +34,8 @@ const (
 	// again. It happens when the client went away, or the Guard's Timeout
 	// ended the handler's context, and the handler answered with a status
 	// that is not stored, when the handler called KeepClaim
-	// (Err: ErrClaimKept), when it panicked with http.ErrAbortHandler, and
+	// (Err: ErrClaimKept), when it panicked with http.ErrAbortHandler, or
+	// with anything after it sent a stored status or called KeepClaim, and
 	// when it panicked otherwise but the store refused to release the key
 	// (Err wraps the store's error).
 	Abandoned Outcome = "abandoned"
