@@ -1013,6 +1013,14 @@ func (s *Store) failClosed(txid int, err error, bboltPanic bool) {
 	s.failed.CompareAndSwap(nil, &ferr)
 }
 
+// Failed returns the error with which the Store failed closed (it wraps
+// ErrFailedClosed and the failed commit's error), or nil while the Store
+// works. Unlike a store that cannot be reached, a Store that failed closed
+// stays so until it is reopened: a process that finds it set should
+// restart (idemproxy's /healthz then fails, so that its supervisor
+// restarts it).
+func (s *Store) Failed() error { return s.failure() }
+
 // failure is the error every call returns once the Store failed closed,
 // or nil.
 func (s *Store) failure() error {

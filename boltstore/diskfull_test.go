@@ -207,6 +207,9 @@ func TestDiskFullFailsTheWholeCommit(t *testing.T) {
 	if ran || outcome != idempotency.Unavailable {
 		t.Errorf("Guard.Do: fn ran %v, outcome %s; want fn not run, %s", ran, outcome, idempotency.Unavailable)
 	}
+	if err := s.Failed(); err != nil {
+		t.Errorf("Failed after a commit rolled back before its meta page: %v, want nil", err)
+	}
 
 	// bbolt rolled the transaction back before writing its meta page: the
 	// Store answers from what was acknowledged, and nothing of the failed
@@ -431,6 +434,9 @@ func TestFailedMetaSyncFailsClosed(t *testing.T) {
 		}
 	}
 	checkClosed("Begin phantom, whose commit failed", phantomErr)
+	if err := s.Failed(); !errors.Is(err, ErrFailedClosed) || !(errors.Is(err, syscall.ENOSPC) || errors.Is(err, syscall.EIO)) {
+		t.Errorf("Failed after the failed commit: %v; want ErrFailedClosed wrapping the failed sync", err)
+	}
 	r, err := s.Get(ctx, "phantom", now)
 	checkClosed("Get phantom", err)
 	if err == nil {

@@ -18,7 +18,7 @@ import (
 
 // adminHandler serves the operator endpoints:
 //
-//	GET    /healthz                  the process is up
+//	GET    /healthz                  the process is up (503 once the store failed closed: restart it)
 //	GET    /readyz                   the store takes a write (503 otherwise, and once shutting down)
 //	GET    /metrics                  Prometheus metrics
 //	GET    /keys/{key}?scope=S       the record of a key (404 if none)
@@ -37,7 +37,18 @@ import (
 func adminHandler(store, probe idempotency.Store, m *metrics, storeKey func(scope, key string) string, now func() time.Time,
 	run *runningSet, draining *atomic.Bool) http.Handler {
 	mux := http.NewServeMux()
+	// A store that failed closed (boltstore, after a failed commit left it
+	// unsure of what the disk holds) answers nothing until it is reopened:
+	// unlike a store that cannot be reached, waiting does not mend it, a
+	// restart does, so the liveness probe fails.
+	failed, _ := probe.(interface{ Failed() error })
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
+		if failed != nil {
+			if err := failed.Failed(); err != nil {
+				writeJSON(w, http.StatusServiceUnavailable, map[string]string{"status": "store failed closed: restart the process", "error": err.Error()})
+				return
+			}
+		}
 		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
 	})
 	// The probe claims and releases a key, as a guarded request does: a

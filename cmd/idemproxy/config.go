@@ -35,6 +35,9 @@ type config struct {
 	logFormat   string
 	logLevel    slog.Level
 	shutdown    time.Duration
+	// shutdownDelay: after SIGTERM, how long the proxy still serves (with
+	// /readyz at 503) before it stops accepting.
+	shutdownDelay time.Duration
 	// upstreamTimeout bounds one upstream exchange (0: none).
 	upstreamTimeout time.Duration
 	// replayCache is how long a finished record is replayed from memory
@@ -132,6 +135,7 @@ IDEMPROXY_UPSTREAM_TIMEOUT, ...); a flag on the command line wins.
 	fs.Var(&c.replayCache, "replay-cache", "replay finished keys from this process's memory, before asking the store again, for `auto|duration`: auto is 1s on Redis and PostgreSQL, which announce deletions, and off elsewhere; a duration is that long on every store but memory, which never has a cache (0: off). A key deleted through another instance, where the store does not announce deletions, may replay here that long")
 	fs.Int64Var(&c.replayCacheSize, "replay-cache-size", 64<<20, fmt.Sprintf("most bytes the replay cache holds (keys, fingerprints, bodies, headers); at least %d, checked unless -replay-cache is 0 even on a store that gets no cache, so that a wrong size (64 meant as MiB) stops the proxy now rather than when it moves to a store that has one", minReplayCacheSize))
 	fs.DurationVar(&c.shutdown, "shutdown-timeout", 30*time.Second, "on SIGTERM, how long in-flight requests may take to finish")
+	fs.DurationVar(&c.shutdownDelay, "shutdown-delay", 0, "on SIGTERM, how long to go on accepting requests, with /readyz answering 503, before draining: time for load balancers (a Kubernetes Service's endpoints) to stop sending new ones (0: stop accepting at once)")
 
 	// The command line first, then the environment for the flags it left
 	// alone: a flag on the command line wins, also over a variable whose
@@ -239,6 +243,8 @@ IDEMPROXY_UPSTREAM_TIMEOUT, ...); a flag on the command line wins.
 		return nil, bad("upstream-timeout", "must not be negative")
 	case c.shutdown < 0:
 		return nil, bad("shutdown-timeout", "must not be negative")
+	case c.shutdownDelay < 0:
+		return nil, bad("shutdown-delay", "must not be negative")
 	case c.wait < 0:
 		return nil, bad("wait", "must not be negative")
 	case c.replayCache.ttl < 0:

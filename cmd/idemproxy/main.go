@@ -230,6 +230,23 @@ func serve(ctx context.Context, cfg *config, log *slog.Logger) error {
 		return fmt.Errorf("serve: %w", err)
 	}
 	draining.Store(true)
+	if cfg.shutdownDelay > 0 {
+		// Load balancers learn from /readyz (or from the pod's deletion)
+		// that this instance is going; until they do, they still send
+		// requests, which a closed listener would refuse.
+		log.Info("shutting down: still accepting requests, /readyz answers 503", "delay", cfg.shutdownDelay)
+		t := time.NewTimer(cfg.shutdownDelay)
+		select {
+		case <-t.C:
+		case err := <-errc:
+			t.Stop()
+			srv.Close()
+			if adminSrv != nil {
+				adminSrv.Close()
+			}
+			return fmt.Errorf("serve: %w", err)
+		}
+	}
 	log.Info("shutting down: draining in-flight requests", "timeout", cfg.shutdown)
 	sctx, cancel := context.WithTimeout(context.Background(), cfg.shutdown)
 	defer cancel()
