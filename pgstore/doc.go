@@ -56,8 +56,9 @@
 //
 // Serialization failures and deadlocks (SQLSTATE 40001, 40P01; they arise
 // when the pool's transactions are REPEATABLE READ or SERIALIZABLE), and a
-// Begin whose snapshot was overtaken by a concurrent claim, are retried up
-// to five times in all. Every other failure, from the server or the network,
+// Begin whose snapshot was overtaken by a concurrent claim, applied
+// nothing: they are retried, with jittered pauses of up to 32ms, until
+// OpTimeout. Every other failure, from the server or the network,
 // wraps idempotency.ErrUnavailable together with the native error (a
 // *pgconn.PgError, a net error, or ctx's error), so errors.Is and errors.As
 // both work. A write that failed this way may or may not have been
@@ -77,7 +78,19 @@
 // Options.OpTimeout (default 5s) bounds every operation, retries included,
 // whatever its ctx: the Guard stores results with a ctx that is never
 // cancelled, so without a bound a server that stopped answering would hold
-// Guard.Do for good. pgx closes a connection whose statement ran out.
+// Guard.Do for good; SchemaVersion and CheckSchema are bounded by it too.
+// pgx closes a connection whose statement ran out, but the server may
+// still run a statement it had received (one that waited on a row lock,
+// or all of them on a server that was frozen): that is why such a write
+// may or may not have been applied. Complete, Extend and Release are
+// fenced by their token, so applied late they change nothing that another
+// claim owns.
+//
+// An acknowledged write is as durable as the server's commit. With
+// synchronous_commit off (for the server, database, role or pool), or
+// after a failover to an asynchronous standby, the last results
+// acknowledged may be lost and their keys run again: keep it on, and fail
+// over only to a synchronous standby.
 //
 // # Deletion feed
 //

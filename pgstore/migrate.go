@@ -51,15 +51,19 @@ func (s *Store) Migrate(ctx context.Context) error {
 }
 
 // SchemaVersion returns the version the schema was migrated to (0: never)
-// and the latest version this package knows. A current above latest means
-// that a newer build migrated the schema: Migrate refuses it. When the
-// version table's name is taken by another relation, the error wraps
-// ErrInvalidConfig.
+// and the latest version this package knows, within OpTimeout. A current
+// above latest means that a newer build migrated the schema: Migrate
+// refuses it. When the version table's name is taken by another relation,
+// the error wraps ErrInvalidConfig.
 func (s *Store) SchemaVersion(ctx context.Context) (current, latest int, err error) {
 	steps, err := s.migrationSteps()
 	if err != nil {
 		return 0, 0, err
 	}
+	// Bounded like the operations: a process that checks at startup must
+	// not wait for ever on a server that stopped answering.
+	ctx, cancel := context.WithTimeout(ctx, s.timeout)
+	defer cancel()
 	exists, err := s.versionTable(ctx, s.pool)
 	if err == nil && exists {
 		err = s.pool.QueryRow(ctx, s.names.Replace("SELECT coalesce(max(version), 0) FROM {{versions}}")).Scan(&current)
@@ -78,9 +82,9 @@ func (s *Store) SchemaVersion(ctx context.Context) (current, latest int, err err
 // time): with ErrInvalidConfig when the schema was never migrated or is at
 // an older version (run Migrate first), or when a newer build migrated it
 // (run a build that knows its version); with ErrUnavailable when the
-// database cannot be asked. It changes nothing, and is one query, so that
-// a process finds a schema it cannot use at startup rather than at its
-// first request.
+// database cannot be asked (within OpTimeout). It changes nothing, and is
+// one query, so that a process finds a schema it cannot use at startup
+// rather than at its first request.
 func (s *Store) CheckSchema(ctx context.Context) error {
 	current, latest, err := s.SchemaVersion(ctx)
 	switch {
@@ -231,7 +235,13 @@ func (s *Store) migrateOne(ctx context.Context, steps []string) (done bool, err 
 	}
 	defer func() {
 		if err != nil {
-			err = errors.Join(err, tx.Rollback(context.WithoutCancel(ctx)))
+			// ctx may have ended between two statements, leaving the
+			// connection open: the ROLLBACK is still sent, and bounded, so
+			// that a server that stopped answering does not hold Migrate
+			// for good (pgx closes the connection when it fails).
+			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.timeout)
+			defer cancel()
+			err = errors.Join(err, tx.Rollback(rctx))
 		}
 	}()
 	// The schema's lock first: stores with other tables in the same schema

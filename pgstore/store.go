@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"regexp"
 	"strings"
 	"sync/atomic"
@@ -52,7 +53,9 @@ type Options struct {
 	// ctx often has no deadline, so without it a server that stopped
 	// answering would hold the call for good. An operation that runs out
 	// fails with ErrUnavailable; its write may or may not have been applied.
-	// Migrate is bounded by its ctx only.
+	// SchemaVersion and CheckSchema are bounded by it too; Migrate is
+	// bounded by its ctx only (a migration may take long), but for the
+	// ROLLBACK of a migration that failed, which gets OpTimeout.
 	OpTimeout time.Duration
 }
 
@@ -86,8 +89,9 @@ const (
 	defaultTable  = "idempotency_keys"
 	defaultBatch  = 1000
 	maxTableLen   = 40
-	// maxAttempts bounds the tries of one operation on a retryable failure.
-	maxAttempts = 5
+	// maxBackoff bounds the pause before a statement is run again after a
+	// retryable failure; the pauses double from a millisecond up to it.
+	maxBackoff = 32 * time.Millisecond
 	// tombstoneGrace is how long Sweep keeps a tombstone, by the server's
 	// clock; see releaseSQL.
 	tombstoneGrace = time.Minute
@@ -246,25 +250,32 @@ func (s *Store) args(now time.Time, args ...any) []any {
 // and the snapshot's row is no answer. A new statement sees the change.
 var errBeginRace = errors.New("pgstore: begin raced with a concurrent insert")
 
-// run calls f until it succeeds, fails for good, maxAttempts is reached or
-// OpTimeout has passed, and wraps failures of the database with
-// ErrUnavailable.
+// run calls f until it succeeds, fails for good or OpTimeout has passed,
+// and wraps failures of the database with ErrUnavailable. A retryable
+// failure applied nothing (the statement's transaction was rolled back, or
+// Begin claimed nothing), so f runs again, after a pause that doubles and
+// is jittered: under SERIALIZABLE many statements on distinct keys fail
+// together (predicate locks cover index pages, not keys), and a few quick
+// tries in step were not enough for 64 concurrent callers, which lost
+// Complete's result to a serialization failure.
 func (s *Store) run(ctx context.Context, op string, f func(context.Context) error) error {
 	if err := ctx.Err(); err != nil {
 		return fmt.Errorf("pgstore: %s: %w", op, err)
 	}
 	ctx, cancel := context.WithTimeout(ctx, s.timeout)
 	defer cancel()
-	for attempt := 1; ; attempt++ {
+	backoff := time.Millisecond
+	for {
 		err := f(ctx)
 		if err == nil || errors.Is(err, idempotency.ErrLeaseLost) || errors.Is(err, idempotency.ErrNotFound) {
 			return err
 		}
-		if attempt >= maxAttempts || !retryable(err) || ctx.Err() != nil {
+		if !retryable(err) || ctx.Err() != nil {
 			return fmt.Errorf("pgstore: %s: %w: %w", op, idempotency.ErrUnavailable, err)
 		}
 		s.retries.Add(1)
-		t := time.NewTimer(time.Duration(attempt) * time.Millisecond)
+		t := time.NewTimer(backoff/2 + rand.N(backoff/2+1))
+		backoff = min(2*backoff, maxBackoff)
 		select {
 		case <-ctx.Done():
 			t.Stop()
