@@ -18,6 +18,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"go.uber.org/goleak"
 )
 
 // syncBuffer is a log sink that tests read while the proxy writes.
@@ -291,6 +293,14 @@ func TestMain(m *testing.M) {
 	code := m.Run()
 	if buildDir != "" {
 		os.RemoveAll(buildDir)
+	}
+	if code == 0 {
+		// Every in-process proxy was stopped: its sweeper, delete watcher,
+		// servers and store must be gone with it.
+		if err := goleak.Find(); err != nil {
+			fmt.Fprintln(os.Stderr, "goleak:", err)
+			code = 1
+		}
 	}
 	os.Exit(code)
 }
