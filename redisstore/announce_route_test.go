@@ -2,6 +2,7 @@ package redisstore
 
 import (
 	"context"
+	"errors"
 	"slices"
 	"strconv"
 	"sync/atomic"
@@ -10,6 +11,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/archlab/idempotency"
 	"github.com/archlab/idempotency/internal/testenv"
 )
 
@@ -143,12 +145,18 @@ func TestWatchDeletesRingShardDownAndBack(t *testing.T) {
 	deleter := newRing(t, a, b)
 	s := newStore(t, deleter, Options{Prefix: prefix})
 	w := testenv.Watch(t, watched.WatchDeletes)
+	onA := keysWhere(s, 1, onShard(t, deleter, a.addr()))[0]
+	onB := keysWhere(s, 1, onShard(t, deleter, b.addr()))[0]
 
 	b.kill()
 	w.WantReset(t) // on a alone
 	waitShards(t, deleter, 1)
-	mustDelete(t, s, "while-down")
-	w.WantForgot(t, "while-down")
+	mustDelete(t, s, onA)
+	w.WantForgot(t, onA)
+	// A key of the dead shard is not deleted elsewhere (see client).
+	if err := s.Delete(context.Background(), onB); !errors.Is(err, idempotency.ErrUnavailable) {
+		t.Fatalf("Delete(%s) while its shard is down = %v; want ErrUnavailable", onB, err)
+	}
 
 	b.start()
 	w.WantReset(t) // on b too

@@ -29,13 +29,13 @@ import (
 // A caller whose ctx ends before its batch goes out leaves it, never sent
 // (a caller handed the lead so passes it on to the next that stayed); once
 // its batch is on the wire it returns when the batch is answered or at its
-// ctx's end (the sender: at the batch's deadline, see the package doc on
+// ctx's end (the sender: at its deadline, see the package doc on
 // cancellation), and the batch goes on (its write may or may not be
-// applied). The batch's
-// deadline is the latest of its members', so it never outlives the
-// operations in it; the caller that sends it may return that late. Should
-// a send panic, the panic goes up its sender's stack, the others get an
-// error and the queue is handed on all the same.
+// applied). The batch's deadline is the latest of its members', so it
+// never outlives the operations in it, and the caller with that deadline
+// sends it, so that no sender waits past its own. Should a send panic, the
+// panic goes up its sender's stack, the others get an error and the queue
+// is handed on all the same.
 //
 // Batching needs a client that bounds its I/O by the context
 // (ContextTimeoutEnabled); with one that does not, every call is sent on
@@ -46,6 +46,7 @@ const maxBatch = 128
 
 // batcher queues operations while one is on the wire.
 type batcher struct {
+	c       redis.UniversalClient // sends the batches: the store's, or a Ring's shard
 	mu      sync.Mutex
 	sending bool // a caller is sending (a lone call or a batch)
 	queue   []*queued
@@ -75,43 +76,43 @@ type queued struct {
 // panicked.
 var errBatchAborted = errors.New("redisstore: the batch's send panicked")
 
-// batcherFor returns the batcher of the node that holds key; nil when
-// that node is not known (the call then goes alone and fails or is
-// redirected as any command would).
-func (s *Store) batcherFor(ctx context.Context, key string) *batcher {
+// batcherFor returns the batcher of the node that holds key, whose
+// commands go through c (see client); nil when that node is not known
+// (the call then goes alone and fails or is redirected as any command
+// would).
+func (s *Store) batcherFor(ctx context.Context, c redis.UniversalClient, key string) *batcher {
 	var node *redis.Client
-	var err error
-	switch c := s.c.(type) {
+	switch sc := s.c.(type) {
 	case *redis.ClusterClient:
-		node, err = c.MasterForKey(ctx, key)
+		var err error
+		if node, err = sc.MasterForKey(ctx, key); err != nil {
+			return nil
+		}
 	case *redis.Ring:
-		node, err = c.GetShardClientForKey(key)
+		node = c.(*redis.Client) // the key's shard
 	default:
 		return &s.batch
-	}
-	if err != nil {
-		return nil
 	}
 	if b, ok := s.nodes.Load(node); ok {
 		return b.(*batcher)
 	}
-	b, _ := s.nodes.LoadOrStore(node, new(batcher))
+	b, _ := s.nodes.LoadOrStore(node, &batcher{c: c})
 	return b.(*batcher)
 }
 
-// batched runs sc for keys through the batcher of keys[0]'s node. ctx has
-// a deadline (call sets OpTimeout).
-func (s *Store) batched(ctx context.Context, sc *script, keys []string, args []any) (any, error) {
-	b := s.batcherFor(ctx, keys[0])
+// batched runs sc for keys through the batcher of keys[0]'s node, whose
+// commands go through c. ctx has a deadline (call sets OpTimeout).
+func (s *Store) batched(ctx context.Context, c redis.UniversalClient, sc *script, keys []string, args []any) (any, error) {
+	b := s.batcherFor(ctx, c, keys[0])
 	if b == nil {
-		return sc.run(ctx, s.c, keys, args)
+		return sc.run(ctx, c, keys, args)
 	}
 	b.mu.Lock()
 	if !b.sending {
 		b.sending = true
 		b.mu.Unlock()
 		defer s.handOn(b)
-		return sc.run(ctx, s.c, keys, args)
+		return sc.run(ctx, b.c, keys, args)
 	}
 	q := &queued{sc: sc, keys: keys, args: args, ctx: ctx, done: make(chan struct{})}
 	q.deadline, _ = ctx.Deadline()
@@ -142,11 +143,11 @@ func (s *Store) batched(ctx context.Context, sc *script, keys []string, args []a
 		}
 		s.sendBatch(b, q.lead)
 	}
-	return q.result(ctx, s.c)
+	return q.result(ctx, b.c)
 }
 
 // passOn hands the lead of batch, whose leader's ctx ended before it was
-// sent, to its first caller that stayed.
+// sent, to the caller that stayed with the latest deadline.
 func (s *Store) passOn(b *batcher, batch []*queued) {
 	b.mu.Lock()
 	batch = slices.DeleteFunc(batch, func(q *queued) bool { return q.left })
@@ -155,9 +156,23 @@ func (s *Store) passOn(b *batcher, batch []*queued) {
 		s.handOn(b)
 		return
 	}
+	leadFirst(batch)
 	batch[0].lead, batch[0].led = batch, true
 	b.mu.Unlock()
 	close(batch[0].done)
+}
+
+// leadFirst puts first in batch the caller with the latest deadline, who
+// is to send it: the batch is on the wire until that deadline, and its
+// sender waits for it, so any other sender would be held past its own.
+func leadFirst(batch []*queued) {
+	i := 0
+	for j, q := range batch {
+		if q.deadline.After(batch[i].deadline) {
+			i = j
+		}
+	}
+	batch[0], batch[i] = batch[i], batch[0]
 }
 
 // result is the answer to q once its batch was answered; a NOSCRIPT reply
@@ -201,7 +216,7 @@ func (s *Store) sendBatch(b *batcher, batch []*queued) {
 		}
 		s.handOn(b)
 	}()
-	pipe := s.c.Pipeline()
+	pipe := b.c.Pipeline()
 	for _, q := range batch {
 		if q.sc.writes {
 			_ = pipe.Process(ctx, onceCmd{q.cmd})
@@ -216,7 +231,8 @@ func (s *Store) sendBatch(b *batcher, batch []*queued) {
 }
 
 // handOn is called by a caller whose send is answered: it ends the
-// sending, or hands the queue to its first caller as the next batch.
+// sending, or hands the next batch from the queue to its caller with the
+// latest deadline.
 func (s *Store) handOn(b *batcher) {
 	b.mu.Lock()
 	if len(b.queue) == 0 {
@@ -227,6 +243,7 @@ func (s *Store) handOn(b *batcher) {
 	n := min(len(b.queue), maxBatch)
 	next := slices.Clone(b.queue[:n])
 	b.queue = slices.Delete(b.queue, 0, n)
+	leadFirst(next)
 	next[0].lead, next[0].led = next, true
 	b.mu.Unlock()
 	close(next[0].done)

@@ -42,6 +42,17 @@
 // the key's TTL (PEXPIRE or PEXPIREAT, set to cover the end of the window)
 // is only garbage collection, never the judge.
 //
+// # Ring
+//
+// On a Ring (redis.NewRing) a key's record is on the shard that the ring's
+// consistent hash picks among all its shards as built (RingOptions.Addrs),
+// and its calls go there. go-redis sends a shard's keys to the other
+// shards while its heartbeat finds it down; the store does not follow, since
+// their records are not there (claimed there, a key done or in flight
+// would run a second time): their calls fail with ErrUnavailable until the
+// shard is back. Shards that SetAddrs adds or replaces are followed, and a
+// key that moves so loses its record, as on any resharding of a Ring.
+//
 // # Whose clock rules leases
 //
 // With the default ServerClock the scripts read the Redis server's TIME and

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"log/slog"
 	"net"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -82,5 +83,30 @@ func TestEvictionPolicyCheckRing(t *testing.T) {
 		if log := buf.String(); !strings.Contains(log, "allkeys-lru") || !strings.Contains(log, bad.addr()) || strings.Contains(log, good.addr()) {
 			t.Fatalf("New #%d logged %q; want one warning naming %s (allkeys-lru) and none for %s", i, log, bad.addr(), good.addr())
 		}
+	}
+}
+
+// TestEvictionPolicyCheckCluster: on Cluster every master's policy is read:
+// one evicting master fails New under RequireNoEviction and is named in
+// the warning otherwise; the other master is not.
+func TestEvictionPolicyCheckCluster(t *testing.T) {
+	pc := startPrivateCluster(t)
+	ctx := context.Background()
+	if err := pc.admin[1].ConfigSet(ctx, "maxmemory-policy", "volatile-ttl").Err(); err != nil {
+		t.Fatal(err)
+	}
+	c := redis.NewClusterClient(&redis.ClusterOptions{Addrs: pc.addrs(), ContextTimeoutEnabled: true, DialTimeout: time.Second})
+	t.Cleanup(func() { c.Close() })
+	if _, err := New(c, &Options{RequireNoEviction: true, Logger: discard()}); !errors.Is(err, idempotency.ErrInvalidConfig) {
+		t.Fatalf("New on a Cluster with a volatile-ttl master, RequireNoEviction: %v; want ErrInvalidConfig", err)
+	}
+	var buf bytes.Buffer
+	if _, err := New(c, &Options{Logger: slog.New(slog.NewTextHandler(&buf, nil))}); err != nil {
+		t.Fatal(err)
+	}
+	port := func(i int) string { return ":" + strconv.Itoa(pc.nodes[i].port) }
+	if log := buf.String(); strings.Count(log, "level=WARN") != 1 || !strings.Contains(log, "volatile-ttl") ||
+		!strings.Contains(log, port(1)) || strings.Contains(log, port(0)) {
+		t.Fatalf("New logged %q; want one warning naming the volatile-ttl master (%s)", log, port(1))
 	}
 }

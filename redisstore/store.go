@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net"
 	"slices"
 	"strconv"
@@ -85,6 +86,7 @@ type Store struct {
 	ctxHonored bool // the client bounds its I/O by the context's deadline
 	noBatch    bool
 
+	ring       *ringHome // a Ring's shards as built, to find each key's own
 	batch      batcher
 	nodes      sync.Map      // Cluster or Ring: *redis.Client of a node -> *batcher
 	batches    atomic.Uint64 // pipelines sent by the batcher, for tests
@@ -106,6 +108,10 @@ func New(client redis.UniversalClient, opts *Options) (*Store, error) {
 		return nil, fmt.Errorf("redisstore: %w: nil client", idempotency.ErrInvalidConfig)
 	}
 	s := &Store{c: client, prefix: opts.Prefix, timeout: opts.OpTimeout, ctxHonored: honorsContext(client), noBatch: opts.NoBatch}
+	s.batch.c = client
+	if r, ok := client.(*redis.Ring); ok {
+		s.ring = newRingHome(r.Options())
+	}
 	if s.prefix == "" {
 		s.prefix = DefaultPrefix
 	}
@@ -194,16 +200,19 @@ func (s *Store) call(ctx context.Context, op string, sc *script, key string, arg
 	ctx, cancel := context.WithTimeout(ctx, s.timeout)
 	defer cancel()
 	keys := []string{s.prefix + key}
+	c, err := s.client(keys[0])
+	if err != nil {
+		return nil, unavailable(op, err)
+	}
 	var v any
-	var err error
 	switch {
 	case s.ctxHonored && !s.noBatch:
-		v, err = s.batched(ctx, sc, keys, args)
+		v, err = s.batched(ctx, c, sc, keys, args)
 	case s.ctxHonored:
-		v, err = sc.run(ctx, s.c, keys, args)
+		v, err = sc.run(ctx, c, keys, args)
 	default:
 		v, err = s.detached(ctx, func(ctx context.Context) (any, error) {
-			return sc.run(ctx, s.c, keys, args)
+			return sc.run(ctx, c, keys, args)
 		})
 	}
 	if err != nil {
@@ -494,6 +503,10 @@ func (s *Store) Delete(ctx context.Context, key string) error {
 	ctx, cancel := context.WithTimeout(ctx, s.timeout)
 	defer cancel()
 	k := s.prefix + key
+	c, err := s.client(k)
+	if err != nil {
+		return unavailable("delete", err)
+	}
 	// Sent once, like the scripts: re-sent after its reply was lost, it
 	// would remove a claim made meanwhile, whose holder's result would then
 	// never be stored.
@@ -505,7 +518,7 @@ func (s *Store) Delete(ctx context.Context, key string) error {
 		}
 		cmd := redis.NewCmd(ctx, a...)
 		cmd.SetFirstKeyPos(1)
-		_ = s.c.Process(ctx, onceCmd{cmd})
+		_ = c.Process(ctx, onceCmd{cmd})
 		return nil, cmd.Err()
 	}
 	if _, err := s.bounded(ctx, hdel); err != nil {
@@ -520,31 +533,84 @@ func (s *Store) Delete(ctx context.Context, key string) error {
 	pctx, pcancel := context.WithDeadline(context.WithoutCancel(ctx), dl)
 	defer pcancel()
 	_, _ = s.bounded(pctx, func(ctx context.Context) (any, error) {
-		return nil, s.announcer(ctx, k).Publish(ctx, s.deletesChannel(), key).Err()
+		return nil, s.announcer(ctx, c, k).Publish(ctx, s.deletesChannel(), key).Err()
 	})
 	return nil
 }
 
 // announcer returns the client that announces the deletion of the Redis
-// key k: on a Cluster or a Ring, the node that holds k, which has just
-// answered the HDEL. A Cluster's client would send the keyless PUBLISH to
-// any master, maybe one that is down or failing over while k's is not;
-// every node passes a message on to the subscribers of the whole cluster.
-// A Ring's shards share nothing, so WatchDeletes listens on each of them.
-// Where the node cannot be told (no slot map yet, no live shard), the
-// client routes the PUBLISH itself.
-func (s *Store) announcer(ctx context.Context, k string) redis.UniversalClient {
-	switch c := s.c.(type) {
-	case *redis.ClusterClient:
-		if n, err := c.MasterForKey(ctx, k); err == nil {
-			return n
-		}
-	case *redis.Ring:
-		if n, err := c.GetShardClientForKey(k); err == nil {
+// key k, whose HDEL went through c: on a Cluster or a Ring, the node that
+// holds k, which has just answered the HDEL. A Cluster's client would send
+// the keyless PUBLISH to any master, maybe one that is down or failing
+// over while k's is not; every node passes a message on to the
+// subscribers of the whole cluster. A Ring's shards share nothing, so
+// WatchDeletes listens on each of them (c is already k's shard). Where
+// the master cannot be told (no slot map yet), the client routes the
+// PUBLISH itself.
+func (s *Store) announcer(ctx context.Context, c redis.UniversalClient, k string) redis.UniversalClient {
+	if cc, ok := c.(*redis.ClusterClient); ok {
+		if n, err := cc.MasterForKey(ctx, k); err == nil {
 			return n
 		}
 	}
-	return s.c
+	return c
+}
+
+// client returns the client that commands on the Redis key k go through:
+// the store's, except on a Ring, where it is k's own shard. A Ring whose
+// heartbeat has marked a shard down sends that shard's keys to the other
+// shards, where their records are not: claimed there, a key done or in
+// flight on the paused shard would run a second time, a Get would answer
+// "not found" and a Delete would delete nothing. So k goes to its own
+// shard, the one the ring's consistent hash picks among all its shards as
+// built (RingOptions.Addrs), and while that one is down its calls fail
+// with ErrUnavailable. Once SetAddrs has changed the ring's shards, a key
+// whose shard is live elsewhere, or whose shard is gone while as many
+// shards as were built are live, goes where the ring sends it.
+func (s *Store) client(k string) (redis.UniversalClient, error) {
+	r, ok := s.c.(*redis.Ring)
+	if !ok {
+		return s.c, nil
+	}
+	c, err := r.GetShardClientForKey(k)
+	if err != nil || s.ring == nil {
+		return c, err
+	}
+	home := s.ring.addrs[s.ring.hash.Get(hashTag(k))]
+	addr := c.Options().Addr
+	if addr == home {
+		return c, nil
+	}
+	live := r.GetShardClients()
+	if len(live) >= len(s.ring.addrs) || slices.ContainsFunc(live, func(c *redis.Client) bool { return c.Options().Addr == home }) {
+		return c, nil
+	}
+	return nil, fmt.Errorf("the key's shard %s is down (its record is there; the ring would send it to %s)", home, addr)
+}
+
+// ringHome is a Ring's consistent hash over all its shards as built, live
+// or not.
+type ringHome struct {
+	hash  redis.ConsistentHash
+	addrs map[string]string // shard name -> address
+}
+
+func newRingHome(o *redis.RingOptions) *ringHome {
+	if len(o.Addrs) == 0 || o.NewConsistentHash == nil {
+		return nil
+	}
+	return &ringHome{hash: o.NewConsistentHash(slices.Sorted(maps.Keys(o.Addrs))), addrs: maps.Clone(o.Addrs)}
+}
+
+// hashTag is the part of k that a Ring (and a Cluster) hashes: the first
+// {...} with something inside, else all of k.
+func hashTag(k string) string {
+	if i := strings.IndexByte(k, '{'); i >= 0 {
+		if j := strings.IndexByte(k[i+1:], '}'); j > 0 {
+			return k[i+1 : i+1+j]
+		}
+	}
+	return k
 }
 
 // bounded runs f, returning by ctx's deadline: on the caller's goroutine
