@@ -522,7 +522,10 @@ func TestBatchLostReplyNotResent(t *testing.T) {
 // ErrUnavailable within its bound, the batcher is left at rest, and the
 // store recovers after SIGCONT.
 func TestBatchPausedServer(t *testing.T) {
-	const opTimeout = 300 * time.Millisecond
+	// The queued callers' deadline (OpTimeout) is long beside the first
+	// call's, so that on a loaded machine they are still queued when the
+	// first gives up, however late their goroutines start.
+	const opTimeout = 2 * time.Second
 	ps := startPrivateServer(t)
 	s := newStore(t, ps.client(t), Options{OpTimeout: opTimeout, Logger: discard()})
 	ctx := context.Background()
@@ -550,14 +553,14 @@ func TestBatchPausedServer(t *testing.T) {
 	}
 	for round := range 3 {
 		batches := s.batches.Load()
-		// The first call goes out alone and gives up at half OpTimeout, so
-		// that the calls queued behind it are still waiting then and go out
-		// as a batch. (Started together, they all ran out a moment after it
+		// The first call goes out alone and gives up after 150ms, so that
+		// the calls queued behind it are still waiting then and go out as a
+		// batch. (Started together, they all ran out a moment after it
 		// and, on a loaded machine, had left the queue before it was handed
 		// on: no batch was sent.)
 		var wg sync.WaitGroup
 		wg.Go(func() {
-			short, cancel := context.WithTimeout(ctx, opTimeout/2)
+			short, cancel := context.WithTimeout(ctx, 150*time.Millisecond)
 			defer cancel()
 			begin(short, "r"+strconv.Itoa(round)+"-first")
 		})
