@@ -8,6 +8,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/archlab/idempotency"
 )
 
 // A Fault decides what happens to one operation. A Fault is also an
@@ -41,9 +43,11 @@ func (f errorFault) Apply(_ context.Context, op Op, key string, _ func(context.C
 // ErrInjected and err (which may be nil), whatever the store answered. The
 // store's own answer is kept out of the error chain, so that an error such
 // as idempotency.ErrLeaseLost is not mistaken for the store's verdict.
-// InjectedError.Applied says whether the store applied the operation; when
-// another fault answered in its place (chained inside, or in a faultstore
-// this one wraps), that fault's Applied.
+// InjectedError.Applied says whether the store may have applied the
+// operation: false only when the store refused it, or when another fault
+// that answered in its place (chained inside, or in a faultstore this one
+// wraps) says so; true when the store applied it or failed in a way that
+// leaves the outcome unknown.
 func LostAck(err error) Fault { return lostAckFault{err} }
 
 type lostAckFault struct{ err error }
@@ -52,14 +56,29 @@ func (f lostAckFault) MaybeFault(Op, string) Fault { return f }
 func (f lostAckFault) String() string              { return "lostack" }
 func (f lostAckFault) Apply(ctx context.Context, op Op, key string, call func(context.Context) error) error {
 	callErr := call(ctx)
-	applied := callErr == nil
-	if inner := (*InjectedError)(nil); errors.As(callErr, &inner) {
+	e := &InjectedError{Op: op, Key: key, Fault: f.String(), Applied: true, Err: f.err}
+	switch inner := (*InjectedError)(nil); {
+	case callErr == nil:
+	case errors.As(callErr, &inner):
 		// Another fault answered in the store's place (chained inside
 		// this one, or in a faultstore this one wraps): it knows whether
 		// the store applied the operation.
-		applied = inner.Applied
+		e.Applied, e.unknown = inner.Applied, inner.unknown
+	case refused(callErr):
+		e.Applied = false
+	default:
+		// ErrUnavailable, a ctx that ended during the call, anything
+		// else: the write may have been applied.
+		e.unknown = callErr
 	}
-	return &InjectedError{Op: op, Key: key, Fault: f.String(), Applied: applied, Err: f.err}
+	return e
+}
+
+// refused reports whether err is an answer of the store that says it
+// changed nothing.
+func refused(err error) bool {
+	return errors.Is(err, idempotency.ErrLeaseLost) || errors.Is(err, idempotency.ErrNotFound) ||
+		errors.Is(err, idempotency.ErrInvalidConfig)
 }
 
 // Latency returns a Fault that waits a duration drawn uniformly from

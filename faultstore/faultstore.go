@@ -60,17 +60,30 @@ type InjectedError struct {
 	Op    Op
 	Key   string
 	Fault string // the fault's String
-	// Applied reports whether the wrapped store applied the operation
-	// before the error was returned (LostAck).
+	// Applied reports whether the operation may have been applied before
+	// the error was returned (LostAck): true when the wrapped store applied
+	// it, and also when the store's own answer was an error that leaves the
+	// outcome unknown (ErrUnavailable, a timeout: "may still have been
+	// applied"). It is false only when the operation certainly changed
+	// nothing: the fault failed it before it reached the store, or the
+	// store refused it (ErrLeaseLost, ErrNotFound, ErrInvalidConfig).
 	Applied bool
 	// Err is the cause given to the fault, or the context's error for a
 	// fault cut short by ctx; it may be nil.
 	Err error
+
+	// unknown is the wrapped store's own error when it left the outcome
+	// unknown. It is told in the message but kept out of the chain, as
+	// every answer of the store under LostAck is.
+	unknown error
 }
 
 func (e *InjectedError) Error() string {
 	applied := "not applied"
-	if e.Applied {
+	switch {
+	case e.unknown != nil:
+		applied = "maybe applied: the store answered " + e.unknown.Error() + "; acknowledgement lost"
+	case e.Applied:
 		applied = "applied, acknowledgement lost"
 	}
 	msg := fmt.Sprintf("faultstore: %s %q: %s (%s)", e.Op, e.Key, e.Fault, applied)

@@ -3,9 +3,12 @@ package faultstore
 import (
 	"fmt"
 	"math"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/archlab/idempotency"
 )
 
 // Spec is a parsed fault specification, a compact way to describe an
@@ -20,7 +23,9 @@ import (
 //
 // For example "begin:lostack:0.1,complete:error:1,*:latency=1ms-20ms:0.5".
 // For each operation the first rule whose ops match and whose random draw
-// hits gives the fault.
+// hits gives the fault. An operation may be listed once per rule, and no
+// fault may follow "error" or "hang" in a chain (they never perform the
+// operation, so what follows would never run).
 type Spec struct {
 	Rules []Rule
 }
@@ -38,7 +43,8 @@ type FaultSpec struct {
 	Min, Max time.Duration
 }
 
-// Parse parses a fault specification.
+// Parse parses a fault specification. A spec it refuses gives an error
+// that wraps idempotency.ErrInvalidConfig and names the rule at fault.
 func Parse(s string) (*Spec, error) {
 	spec := &Spec{}
 	if strings.TrimSpace(s) == "" {
@@ -47,7 +53,7 @@ func Parse(s string) (*Spec, error) {
 	for i, text := range strings.Split(s, ",") {
 		r, err := parseRule(strings.TrimSpace(text))
 		if err != nil {
-			return nil, fmt.Errorf("faultstore: rule %d %q: %w", i+1, text, err)
+			return nil, fmt.Errorf("faultstore: %w: rule %d %q: %w", idempotency.ErrInvalidConfig, i+1, text, err)
 		}
 		spec.Rules = append(spec.Rules, r)
 	}
@@ -67,6 +73,9 @@ func parseRule(s string) (Rule, error) {
 			if op.index() < 0 {
 				return Rule{}, fmt.Errorf("unknown operation %q", name)
 			}
+			if slices.Contains(r.Ops, op) {
+				return Rule{}, fmt.Errorf("operation %q listed twice", op)
+			}
 			r.Ops = append(r.Ops, op)
 		}
 	}
@@ -75,6 +84,9 @@ func parseRule(s string) (Rule, error) {
 		if err != nil {
 			return Rule{}, err
 		}
+		if n := len(r.Faults); n > 0 && (r.Faults[n-1].Kind == "error" || r.Faults[n-1].Kind == "hang") {
+			return Rule{}, fmt.Errorf("fault %q after %q is never reached: %s never performs the operation", f, r.Faults[n-1], r.Faults[n-1])
+		}
 		r.Faults = append(r.Faults, f)
 	}
 	if len(parts) == 3 {
@@ -82,7 +94,7 @@ func parseRule(s string) (Rule, error) {
 		if err != nil || math.IsNaN(p) || p < 0 || p > 1 {
 			return Rule{}, fmt.Errorf("probability %q is not a number in [0, 1]", parts[2])
 		}
-		r.P = p
+		r.P = math.Abs(p) // "-0" is 0
 	}
 	return r, nil
 }
@@ -96,14 +108,26 @@ func parseFault(s string) (FaultSpec, error) {
 	if !ok {
 		return FaultSpec{}, fmt.Errorf("unknown fault %q", s)
 	}
-	lo, hi, isRange := strings.Cut(arg, "-")
-	low, err := parseDuration(lo)
+	// '-' separates the bounds, so a negative duration shows as an empty
+	// lower bound.
+	bounds := strings.Split(arg, "-")
+	switch {
+	case len(bounds) > 2:
+		return FaultSpec{}, fmt.Errorf("latency %q: want latency=DURATION or latency=MIN-MAX", arg)
+	case len(bounds) == 2 && strings.TrimSpace(bounds[0]) == "" && strings.TrimSpace(bounds[1]) != "":
+		return FaultSpec{}, fmt.Errorf("latency %q: a duration must not be negative", arg)
+	case len(bounds) == 2 && strings.TrimSpace(bounds[0]) == "":
+		return FaultSpec{}, fmt.Errorf("latency range %q: the lower bound is missing", arg)
+	case len(bounds) == 2 && strings.TrimSpace(bounds[1]) == "":
+		return FaultSpec{}, fmt.Errorf("latency range %q: the upper bound is missing", arg)
+	}
+	low, err := parseDuration(bounds[0])
 	if err != nil {
 		return FaultSpec{}, err
 	}
 	high := low
-	if isRange {
-		if high, err = parseDuration(hi); err != nil {
+	if len(bounds) == 2 {
+		if high, err = parseDuration(bounds[1]); err != nil {
 			return FaultSpec{}, err
 		}
 	}
@@ -114,9 +138,13 @@ func parseFault(s string) (FaultSpec, error) {
 }
 
 func parseDuration(s string) (time.Duration, error) {
-	d, err := time.ParseDuration(strings.TrimSpace(s))
+	s = strings.TrimSpace(s)
+	if s == "" {
+		return 0, fmt.Errorf("latency: a duration is missing")
+	}
+	d, err := time.ParseDuration(s)
 	if err != nil {
-		return 0, err
+		return 0, fmt.Errorf("latency: %w", err)
 	}
 	if d < 0 {
 		return 0, fmt.Errorf("latency %v is negative", d)

@@ -89,36 +89,48 @@ var beginClauses = []clause{
 		e.wantState("in-flight answer", got, idempotency.Processing, "fp", second.Token)
 	}},
 	{"expired-done-creates-claim", func(e *env) {
-		k := e.key("window")
-		first := e.claim(k, "fp", e.at(0))
-		e.complete(k, first.Token, sampleResponse("old"), e.at(0))
-		end := first.ExpiresAt // Complete at t0: ExpiresAt = t0+retention
-		// Just inside the window: replay.
-		if rec, ok := e.begin(k, "fp", end.Add(-tolerance)); ok || rec.State != idempotency.Done {
-			e.fatalf("Begin just inside the window = %+v, claimed %v; want the Done record", rec, ok)
-		}
-		// At the end of the window (now >= ExpiresAt) the key is new again,
-		// with any fingerprint.
-		second := e.claim(k, "other-fp", end)
-		e.wantState("claim after the window", second, idempotency.Processing, "other-fp", second.Token)
-		if second.Token <= first.Token {
-			e.fatalf("token after expiry %d is not larger than %d", second.Token, first.Token)
-		}
-		e.wantTime("LeaseUntil of the new claim", second.LeaseUntil, end.Add(lease))
-		e.wantTime("ExpiresAt of the new claim", second.ExpiresAt, end.Add(retention))
-		if got := e.get(k, end); len(got.Response.Body) != 0 || got.Response.Status != 0 {
-			e.fatalf("the new claim still carries the old response %+v", got.Response)
+		// Once the window ends the key is new again, with any fingerprint,
+		// the one of the stored result included: a replay of an expired
+		// result is as wrong as a conflict with it.
+		for _, fp := range []string{"other-fp", "fp"} {
+			k := e.key("window-" + fp)
+			first := e.claim(k, "fp", e.at(0))
+			e.complete(k, first.Token, sampleResponse("old"), e.at(0))
+			end := first.ExpiresAt // Complete at t0: ExpiresAt = t0+retention
+			// Just inside the window: replay.
+			if rec, ok := e.begin(k, "fp", end.Add(-tolerance)); ok || rec.State != idempotency.Done {
+				e.fatalf("Begin just inside the window = %+v, claimed %v; want the Done record", rec, ok)
+			}
+			// At the end of the window (now >= ExpiresAt) the key is new.
+			second := e.claim(k, fp, end)
+			e.wantState("claim after the window", second, idempotency.Processing, fp, second.Token)
+			if second.Token <= first.Token {
+				e.fatalf("token after expiry %d is not larger than %d", second.Token, first.Token)
+			}
+			e.wantTime("LeaseUntil of the new claim", second.LeaseUntil, end.Add(lease))
+			e.wantTime("ExpiresAt of the new claim", second.ExpiresAt, end.Add(retention))
+			if got := e.get(k, end); len(got.Response.Body) != 0 || got.Response.Status != 0 {
+				e.fatalf("the new claim still carries the old response %+v", got.Response)
+			}
 		}
 	}},
 	{"expired-processing-creates-claim", func(e *env) {
-		k := e.key("window-processing")
-		first := e.claim(k, "fp", e.at(0))
-		end := first.ExpiresAt
-		second := e.claim(k, "other-fp", end.Add(3*retention))
-		if second.Token <= first.Token {
-			e.fatalf("token after expiry %d is not larger than %d", second.Token, first.Token)
+		// A claim whose window ended is gone, not a lease to take over:
+		// the new claim opens a window of its own.
+		for _, fp := range []string{"other-fp", "fp"} {
+			k := e.key("window-processing-" + fp)
+			first := e.claim(k, "fp", e.at(0))
+			for _, now := range []time.Time{first.ExpiresAt, first.ExpiresAt.Add(3 * retention)} {
+				second := e.claim(k, fp, now)
+				if second.Token <= first.Token {
+					e.fatalf("token after expiry %d is not larger than %d", second.Token, first.Token)
+				}
+				e.wantState("claim after the window", second, idempotency.Processing, fp, second.Token)
+				e.wantTime("LeaseUntil of the claim after the window", second.LeaseUntil, now.Add(lease))
+				e.wantTime("ExpiresAt of the claim after the window (a new window)", second.ExpiresAt, now.Add(retention))
+				first = second
+			}
 		}
-		e.wantState("claim after the window", second, idempotency.Processing, "other-fp", second.Token)
 	}},
 }
 

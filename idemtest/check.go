@@ -62,7 +62,8 @@ func UnavailableClauses() []Clause {
 // by them (the caller's clock; see the Store contract). Store calls get
 // ctx; when ctx ends, a clause waiting on a store that does not honour it is
 // abandoned and Check returns ctx's error with what failed so far. A panic
-// in the clause (or the store) is reported as a failure.
+// in the clause (or the store), or a runtime.Goexit that ends it halfway, is
+// reported as a failure.
 func (c Clause) Check(ctx context.Context, s idempotency.Store) error {
 	if c.fn == nil {
 		return errors.New("idemtest: the zero Clause checks nothing")
@@ -74,16 +75,22 @@ func (c Clause) Check(ctx context.Context, s idempotency.Store) error {
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
+		finished := false
 		defer func() {
-			if r := recover(); r != nil {
-				if _, ok := r.(clauseStopped); !ok {
-					col.add(fmt.Errorf("%s: panic: %v", c.Name, r))
-				}
+			r := recover()
+			switch _, stopped := r.(clauseStopped); {
+			case r != nil && !stopped:
+				col.add(fmt.Errorf("%s: panic: %v", c.Name, r))
+			case r == nil && !finished:
+				// runtime.Goexit (a t.FailNow in the store): the clause
+				// stopped halfway, having checked only part of itself.
+				col.add(fmt.Errorf("%s: the clause stopped before its end (runtime.Goexit)", c.Name))
 			}
 		}()
 		e := newEnv(col, c.Name, s)
 		e.ctx = ctx
 		c.fn(e)
+		finished = true
 	}()
 	select {
 	case <-done:

@@ -232,6 +232,41 @@ var concurrencyClauses = []clause{
 			e.wantState(fmt.Sprintf("round %d: Get after Release (%v) raced the takeover", round, releaseErr), got, idempotency.Processing, "fp", taker.rec.Token)
 		}
 	}},
+	{"holder-races-delete", func(e *env) {
+		// An operator deletes a key while its holder finishes (Complete or
+		// Extend). Either goes first, and either way the key ends up
+		// absent: a holder that checked its token, then wrote after the
+		// Delete, would bring the deleted record back.
+		const rounds = 16
+		for round := range rounds {
+			k := e.key(fmt.Sprintf("delete-race-%d", round))
+			first := e.claim(k, "fp", e.at(0))
+			now := e.at(1)
+			extend := round%2 == 1
+			var holderErr, deleteErr error
+			together(round/2%2 == 1, func() {
+				if extend {
+					holderErr = e.s.Extend(e.ctx, k, first.Token, now, lease)
+				} else {
+					holderErr = e.s.Complete(e.ctx, k, first.Token, sampleResponse("holder"), now, retention)
+				}
+			}, func() {
+				deleteErr = e.s.Delete(e.ctx, k)
+			})
+			if deleteErr != nil {
+				e.fatalf("round %d: Delete: unexpected error: %v", round, deleteErr)
+			}
+			if holderErr != nil && !errors.Is(holderErr, idempotency.ErrLeaseLost) {
+				e.fatalf("round %d: holder (extend=%v): unexpected error: %v", round, extend, holderErr)
+			}
+			if rec, err := e.s.Get(e.ctx, k, now); !errors.Is(err, idempotency.ErrNotFound) {
+				e.fatalf("round %d: Get after the holder (extend=%v, err %v) raced Delete = %+v, %v; want ErrNotFound (the record was deleted)",
+					round, extend, holderErr, rec, err)
+			}
+			e.wantLeaseLost(fmt.Sprintf("round %d: Complete by the deleted holder", round),
+				e.s.Complete(e.ctx, k, first.Token, sampleResponse("holder"), now, retention))
+		}
+	}},
 	{"distinct-keys-64", func(e *env) {
 		keys := make([]string, racers)
 		for i := range keys {

@@ -113,9 +113,17 @@ func newRefStore(bug string) *refStore {
 
 // nextToken returns the token of a new claim of key.
 func (s *refStore) nextToken(key string) uint64 {
-	if s.bug == "per-key-tokens" || s.bug == "get-collects-token" {
+	switch s.bug {
+	case "per-key-tokens", "get-collects-token", "release-resets-token":
 		s.keyTokens[key]++
 		return s.keyTokens[key]
+	case "token-in-record":
+		// The next token is the stored record's plus one: a counter that
+		// lives and dies with the record.
+		if r := s.recs[key]; r != nil {
+			return r.rec.Token + 1
+		}
+		return 1
 	}
 	s.tokens++
 	return s.tokens
@@ -158,9 +166,11 @@ func (s *refStore) Begin(ctx context.Context, key, fp string, now time.Time, lea
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if old := s.recs[key]; old != nil && s.live(key, now) == nil && s.bug == "reclaim-not-atomic" {
-		// An expired record is found, then overwritten without checking
-		// that nobody re-created it in between.
+	old := s.recs[key]
+	if (s.bug == "reclaim-not-atomic" && old != nil && s.live(key, now) == nil) ||
+		(s.bug == "create-not-atomic" && old == nil) {
+		// An expired (or no) record is found, then overwritten without
+		// checking that nobody (re-)created it in between.
 		s.mu.Unlock()
 		time.Sleep(time.Millisecond)
 		s.mu.Lock()
@@ -168,6 +178,19 @@ func (s *refStore) Begin(ctx context.Context, key, fp string, now time.Time, lea
 			State: idempotency.Processing, Token: s.nextToken(key), LeaseUntil: now.Add(lease), ExpiresAt: now.Add(retention)}}
 		s.recs[key] = r
 		return cloneRecord(r.rec), true, nil
+	}
+	if s.bug == "expired-processing-taken-over" && old != nil && s.live(key, now) == nil &&
+		old.rec.State == idempotency.Processing && old.rec.Fingerprint == fp {
+		// An expired claim is judged by its lease alone and taken over,
+		// keeping its window (extended to the new lease).
+		old.rec.Token = s.nextToken(key)
+		old.rec.LeaseUntil = now.Add(lease)
+		old.rec.ExpiresAt = laterOf(old.rec.ExpiresAt, old.rec.LeaseUntil)
+		return cloneRecord(old.rec), true, nil
+	}
+	if s.bug == "expired-done-replays" && old != nil && old.rec.State == idempotency.Done && old.rec.Fingerprint == fp {
+		// The fingerprint check judges expiry; the replay path does not.
+		return cloneRecord(old.rec), false, nil
 	}
 	r := s.live(key, now)
 	switch {
@@ -199,9 +222,13 @@ func (s *refStore) Begin(ctx context.Context, key, fp string, now time.Time, lea
 			return cloneRecord(r.rec), false, nil
 		}
 	}
-	r.rec.Token = s.nextToken(key)
+	if s.bug != "takeover-keeps-token" {
+		r.rec.Token = s.nextToken(key)
+	}
 	r.rec.LeaseUntil = now.Add(lease)
-	r.rec.ExpiresAt = laterOf(r.rec.ExpiresAt, r.rec.LeaseUntil)
+	if s.bug != "takeover-window-not-extended" {
+		r.rec.ExpiresAt = laterOf(r.rec.ExpiresAt, r.rec.LeaseUntil)
+	}
 	return cloneRecord(r.rec), true, nil
 }
 
@@ -223,13 +250,25 @@ func (s *refStore) Complete(ctx context.Context, key string, token uint64, resp 
 	if err != nil {
 		return err
 	}
-	if s.bug == "complete-not-atomic" {
+	if s.bug == "complete-not-atomic" || s.bug == "complete-resurrects-deleted" {
 		// The token was checked; the result is written later, over
-		// whatever claim holds the key by then.
+		// whatever claim holds the key by then, or (resurrects) into the
+		// record that was deleted meanwhile.
 		s.mu.Unlock()
 		time.Sleep(time.Millisecond)
 		s.mu.Lock()
-		if r = s.recs[key]; r == nil {
+		switch cur := s.recs[key]; {
+		case s.bug == "complete-resurrects-deleted" && cur == nil:
+			s.recs[key] = r
+		case s.bug == "complete-resurrects-deleted":
+			// A record that is there is checked again; only a deleted
+			// one is missed.
+			if r, err = s.claim(key, token); err != nil {
+				return err
+			}
+		case cur != nil:
+			r = cur
+		default:
 			return nil
 		}
 	}
@@ -286,6 +325,9 @@ func (s *refStore) Release(ctx context.Context, key string, token uint64) error 
 		s.mu.Lock()
 	}
 	delete(s.recs, key)
+	if s.bug == "release-resets-token" {
+		delete(s.keyTokens, key) // the counter goes with the claim
+	}
 	return nil
 }
 
@@ -296,6 +338,9 @@ func (s *refStore) Get(ctx context.Context, key string, now time.Time) (idempote
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	r := s.live(key, now)
+	if s.bug == "get-returns-expired" {
+		r = s.recs[key]
+	}
 	if r == nil {
 		if s.bug == "get-collects-token" && s.recs[key] != nil {
 			// The expired record is collected, and its counter with it.

@@ -183,6 +183,28 @@ var releaseClauses = []clause{
 			e.fatalf("token after Release %d is not larger than %d", next.Token, rec.Token)
 		}
 	}},
+	{"fences-holder", func(e *env) {
+		// A released claim is gone: its token names nothing from then on,
+		// neither while the key is absent (a tombstone that keeps the
+		// token must not take a result for it) nor once it is claimed
+		// again.
+		k := e.key("release-fences")
+		rec := e.claim(k, "fp", e.at(0))
+		if err := e.s.Release(e.ctx, k, rec.Token); err != nil {
+			e.fatalf("Release: unexpected error: %v", err)
+		}
+		now := e.at(1)
+		e.wantLeaseLost("Complete by the released holder", e.s.Complete(e.ctx, k, rec.Token, sampleResponse("released"), now, retention))
+		e.wantLeaseLost("Extend by the released holder", e.s.Extend(e.ctx, k, rec.Token, now, lease))
+		e.wantNotFound(k, now)
+		next := e.claim(k, "fp", now)
+		if next.Token <= rec.Token {
+			e.fatalf("token after Release %d is not larger than %d", next.Token, rec.Token)
+		}
+		e.wantLeaseLost("Complete by the released holder after a new claim", e.s.Complete(e.ctx, k, rec.Token, sampleResponse("released"), now, retention))
+		e.wantLeaseLost("Extend by the released holder after a new claim", e.s.Extend(e.ctx, k, rec.Token, now, lease))
+		e.unchanged(k, now, next)
+	}},
 }
 
 var getClauses = []clause{
@@ -255,6 +277,10 @@ var deleteClauses = []clause{
 		next := e.claim(k, "fp", e.at(1))
 		if next.Token <= rec.Token {
 			e.fatalf("token after Delete %d is not larger than %d", next.Token, rec.Token)
+		}
+		if got := e.get(k, e.at(1)); got.State != idempotency.Processing || len(got.Response.Body) != 0 || got.Response.Status != 0 || len(got.Response.Header) != 0 {
+			e.fatalf("the claim after Delete: State %q, Response %+v; want %q with no response (the deleted result is forgotten)",
+				got.State, got.Response, idempotency.Processing)
 		}
 		if err := e.s.Delete(e.ctx, k); err != nil {
 			e.fatalf("Delete again: unexpected error: %v", err)
