@@ -6,6 +6,7 @@ import (
 	"net/http/httptest"
 	"strings"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -58,16 +59,7 @@ func TestShutdownDelayKeepsServing(t *testing.T) {
 	base := "http://" + p.admin
 	stopped := make(chan error, 1)
 	go func() { stopped <- p.stop() }()
-	var r reply
-	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(5 * time.Millisecond) {
-		r = get(t, base+"/readyz")
-		if r.status != http.StatusOK || time.Now().After(deadline) {
-			break
-		}
-	}
-	if r.status != http.StatusServiceUnavailable {
-		t.Fatalf("/readyz after SIGTERM = %d %q, want 503", r.status, r.body)
-	}
+	waitReadyz(t, base, http.StatusServiceUnavailable)
 	c := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
 	got, err := post(t, c, p.proxy, "/orders", "after-sigterm", "x")
 	if err != nil || got.status != http.StatusCreated {
@@ -78,5 +70,33 @@ func TestShutdownDelayKeepsServing(t *testing.T) {
 	}
 	if err := <-stopped; err != nil {
 		t.Fatal(err)
+	}
+}
+
+// A second SIGTERM during -shutdown-delay stops the proxy at once, as an
+// operator who presses Ctrl-C twice expects, instead of being swallowed
+// while the delay and then the drain run their course.
+func TestSecondSignalStopsAtOnce(t *testing.T) {
+	bin := binary(t)
+	up := newUpstream(t)
+	p := startProc(t, bin, "-upstream", up.URL, "-store", "memory", "-shutdown-delay", "5m")
+	p.signal(t, syscall.SIGTERM)
+	waitReadyz(t, "http://"+p.admin, http.StatusServiceUnavailable)
+	p.signal(t, syscall.SIGTERM)
+	p.wait(t, 20*time.Second)
+}
+
+// waitReadyz polls base's /readyz (bounded) until it answers want.
+func waitReadyz(t *testing.T, base string, want int) {
+	t.Helper()
+	var r reply
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+		r = get(t, base+"/readyz")
+		if r.status == want || time.Now().After(deadline) {
+			break
+		}
+	}
+	if r.status != want {
+		t.Fatalf("/readyz = %d %q, want %d", r.status, r.body, want)
 	}
 }

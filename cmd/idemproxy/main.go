@@ -72,6 +72,11 @@ import (
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	// The first signal starts the shutdown; the next one, no longer
+	// caught, stops the process at once (an operator pressing Ctrl-C
+	// again), as kill -9 would: what was in flight keeps its claim until
+	// its lease ends.
+	context.AfterFunc(ctx, stop)
 	err := run(ctx, os.Args[1:], os.Stdout, os.Stderr, os.LookupEnv)
 	stop()
 	if errors.Is(err, flag.ErrHelp) {
@@ -234,7 +239,7 @@ func serve(ctx context.Context, cfg *config, log *slog.Logger) error {
 		// Load balancers learn from /readyz (or from the pod's deletion)
 		// that this instance is going; until they do, they still send
 		// requests, which a closed listener would refuse.
-		log.Info("shutting down: still accepting requests, /readyz answers 503", "delay", cfg.shutdownDelay)
+		log.Info("shutting down: still accepting requests, /readyz answers 503 (signal again to stop at once)", "delay", cfg.shutdownDelay)
 		t := time.NewTimer(cfg.shutdownDelay)
 		select {
 		case <-t.C:

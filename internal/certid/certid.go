@@ -5,27 +5,30 @@ package certid
 
 import (
 	"crypto/x509"
+	"encoding/asn1"
 	"encoding/binary"
 )
 
-// Append appends to b an encoding of the identity c names: its subject and
-// its alternative names (DNS, email, IP, URI), each length-prefixed so that
-// no two identities encode alike. Keys, serial numbers and validity are
-// left out, so a certificate renewed for the same identity gives the same
-// bytes. The caller hashes them: they hold names a store should not keep.
+// oidSubjectAltName is the subjectAltName extension's (RFC 5280, 4.2.1.6).
+var oidSubjectAltName = asn1.ObjectIdentifier{2, 5, 29, 17}
+
+// Append appends to b an encoding of the identity that c, a parsed
+// certificate, names: its subject and its alternative names, each
+// length-prefixed so that no two identities encode alike. Both are taken
+// as the certificate holds them (DER), not as crypto/x509 parses them: the
+// bytes stay the same whatever Go version reads them (a URI that a newer
+// url.URL.String wrote otherwise would move a caller to another scope, and
+// its retry would run again), and names crypto/x509 does not parse (an
+// otherName, such as a Windows UPN) still tell callers apart. Keys, serial
+// numbers and validity are left out, so a certificate renewed for the same
+// identity gives the same bytes. The caller hashes them: they hold names a
+// store should not keep.
 func Append(b []byte, c *x509.Certificate) []byte {
 	b = field(b, "subject:", c.RawSubject)
-	for _, n := range c.DNSNames {
-		b = field(b, "dns:", []byte(n))
-	}
-	for _, n := range c.EmailAddresses {
-		b = field(b, "email:", []byte(n))
-	}
-	for _, ip := range c.IPAddresses {
-		b = field(b, "ip:", []byte(ip.String()))
-	}
-	for _, u := range c.URIs {
-		b = field(b, "uri:", []byte(u.String()))
+	for _, e := range c.Extensions {
+		if e.Id.Equal(oidSubjectAltName) {
+			b = field(b, "san:", e.Value)
+		}
 	}
 	return b
 }

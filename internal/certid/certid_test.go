@@ -2,8 +2,12 @@ package certid
 
 import (
 	"bytes"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
 	"crypto/x509"
 	"crypto/x509/pkix"
+	"encoding/asn1"
 	"math/big"
 	"net"
 	"net/url"
@@ -11,47 +15,110 @@ import (
 	"time"
 )
 
-func cert(t *testing.T, cn string, dns []string, uris ...string) *x509.Certificate {
+// identity is what a test certificate names.
+type identity struct {
+	cn    string
+	dns   []string
+	uris  []string
+	upn   string // an otherName (Microsoft UPN), which crypto/x509 does not parse
+	other bool   // the certificate is the identity's renewal: new key, serial and validity
+}
+
+// cert makes and parses a self-signed certificate for id, as a TLS peer's
+// certificate arrives.
+func cert(t *testing.T, id identity) *x509.Certificate {
 	t.Helper()
-	c := &x509.Certificate{
-		Subject:      pkix.Name{CommonName: cn},
-		SerialNumber: big.NewInt(time.Now().UnixNano()),
-		DNSNames:     dns,
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{
+		Subject:      pkix.Name{CommonName: id.cn},
+		SerialNumber: big.NewInt(1),
+		NotBefore:    time.Now().Add(-time.Hour),
+		NotAfter:     time.Now().Add(time.Hour),
+		DNSNames:     id.dns,
 		IPAddresses:  []net.IP{net.IPv4(127, 0, 0, 1)},
 	}
-	for _, s := range uris {
+	if id.other {
+		tmpl.SerialNumber = big.NewInt(99)
+		tmpl.NotAfter = time.Now().Add(48 * time.Hour)
+	}
+	for _, s := range id.uris {
 		u, err := url.Parse(s)
 		if err != nil {
 			t.Fatal(err)
 		}
-		c.URIs = append(c.URIs, u)
+		tmpl.URIs = append(tmpl.URIs, u)
 	}
-	// RawSubject is what a parsed certificate carries; its content is
-	// opaque to Append.
-	c.RawSubject = []byte("CN=" + cn)
+	if id.upn != "" {
+		// Given its own subjectAltName, CreateCertificate writes no other.
+		tmpl.ExtraExtensions = []pkix.Extension{{Id: oidSubjectAltName, Value: upnSAN(t, id.upn)}}
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := x509.ParseCertificate(der)
+	if err != nil {
+		t.Fatal(err)
+	}
 	return c
 }
 
+// upnSAN is a subjectAltName holding one otherName, a Microsoft UPN.
+func upnSAN(t *testing.T, upn string) []byte {
+	t.Helper()
+	must := func(b []byte, err error) []byte {
+		t.Helper()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return b
+	}
+	value := must(asn1.MarshalWithParams(upn, "utf8"))
+	explicit := must(asn1.Marshal(asn1.RawValue{Class: asn1.ClassContextSpecific, Tag: 0, IsCompound: true, Bytes: value}))
+	typeID := must(asn1.Marshal(asn1.ObjectIdentifier{1, 3, 6, 1, 4, 1, 311, 20, 2, 3}))
+	otherName := must(asn1.Marshal(asn1.RawValue{Class: asn1.ClassContextSpecific, Tag: 0, IsCompound: true, Bytes: append(typeID, explicit...)}))
+	return must(asn1.Marshal(asn1.RawValue{Class: asn1.ClassUniversal, Tag: asn1.TagSequence, IsCompound: true, Bytes: otherName}))
+}
+
 func TestAppendTellsIdentitiesApart(t *testing.T) {
-	base := Append(nil, cert(t, "alice", []string{"a.example"}, "spiffe://test/alice"))
-	for name, c := range map[string]*x509.Certificate{
-		"another subject":    cert(t, "bob", []string{"a.example"}, "spiffe://test/alice"),
-		"another DNS name":   cert(t, "alice", []string{"b.example"}, "spiffe://test/alice"),
-		"another URI":        cert(t, "alice", []string{"a.example"}, "spiffe://test/bob"),
-		"no DNS name":        cert(t, "alice", nil, "spiffe://test/alice"),
-		"names moved across": cert(t, "alice", []string{"a.examplespiffe://test/alice"}),
+	alice := identity{cn: "alice", dns: []string{"a.example"}, uris: []string{"spiffe://test/alice"}}
+	base := Append(nil, cert(t, alice))
+	for name, id := range map[string]identity{
+		"another subject":    {cn: "bob", dns: []string{"a.example"}, uris: []string{"spiffe://test/alice"}},
+		"another DNS name":   {cn: "alice", dns: []string{"b.example"}, uris: []string{"spiffe://test/alice"}},
+		"another URI":        {cn: "alice", dns: []string{"a.example"}, uris: []string{"spiffe://test/bob"}},
+		"no DNS name":        {cn: "alice", uris: []string{"spiffe://test/alice"}},
+		"names moved across": {cn: "alice", dns: []string{"a.examplespiffe://test/alice"}},
 	} {
-		if bytes.Equal(Append(nil, c), base) {
+		if bytes.Equal(Append(nil, cert(t, id)), base) {
 			t.Errorf("%s encodes like the base identity", name)
 		}
 	}
-	renewed := cert(t, "alice", []string{"a.example"}, "spiffe://test/alice")
-	renewed.SerialNumber = big.NewInt(99)
-	renewed.NotAfter = time.Now().Add(time.Hour)
-	if !bytes.Equal(Append(nil, renewed), base) {
+	renewed := alice
+	renewed.other = true
+	if !bytes.Equal(Append(nil, cert(t, renewed)), base) {
 		t.Error("a renewed certificate for the same identity encodes differently")
 	}
-	if got := Append([]byte("x"), renewed); !bytes.Equal(got[1:], base) || got[0] != 'x' {
+	if got := Append([]byte("x"), cert(t, renewed)); !bytes.Equal(got[1:], base) || got[0] != 'x' {
 		t.Error("Append does not append")
+	}
+}
+
+// Callers named only by an otherName (a UPN, as Windows client
+// certificates carry, under one shared subject) are told apart, although
+// crypto/x509 parses no otherName: the encoding takes the alternative names
+// as the certificate holds them.
+func TestAppendTellsOtherNamesApart(t *testing.T) {
+	alice := cert(t, identity{cn: "Users", upn: "alice@corp.example"})
+	bob := cert(t, identity{cn: "Users", upn: "bob@corp.example"})
+	if bytes.Equal(Append(nil, alice), Append(nil, bob)) {
+		t.Error("two certificates that differ in their UPN encode alike")
+	}
+	again := cert(t, identity{cn: "Users", upn: "alice@corp.example", other: true})
+	if !bytes.Equal(Append(nil, alice), Append(nil, again)) {
+		t.Error("a renewed certificate with the same UPN encodes differently")
 	}
 }
