@@ -144,7 +144,10 @@ func TestDetach(t *testing.T) {
 			defer cancel()
 			want := codes.Canceled
 			if tc.deadline {
-				ctx, cancel = context.WithTimeout(ctx, 100*time.Millisecond)
+				// Long enough for the call to reach the handler on a loaded
+				// machine: a call whose deadline passes before would never
+				// run it.
+				ctx, cancel = context.WithTimeout(ctx, 2*time.Second)
 				defer cancel()
 				want = codes.DeadlineExceeded
 			}
@@ -153,7 +156,11 @@ func TestDetach(t *testing.T) {
 				_, _, err := f.echo(ctx, "k-detach", "v")
 				firstErr <- err
 			}()
-			<-entered
+			select {
+			case <-entered:
+			case err := <-firstErr:
+				t.Fatalf("first call ended before its handler ran: %v", err)
+			}
 			if !tc.deadline {
 				cancel()
 			}

@@ -25,7 +25,9 @@
 // certificate (DefaultScope), so that one caller's stored response is never
 // replayed to another. Put authentication before this
 // interceptor in the chain: a replay, an in-flight or a conflict answer
-// does not reach what comes after it.
+// does not reach what comes after it. (Builds before DefaultScope read the
+// certificate kept such callers' keys bare: a retry whose first attempt
+// reached one runs again on a newer build.)
 //
 // The fingerprint is the SHA-256 of the full method name and the
 // deterministic protobuf encoding of the request

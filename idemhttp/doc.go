@@ -35,6 +35,15 @@
 // the path is the one the middleware sees: mounted under http.StripPrefix
 // on two prefixes, it sees one path for both.
 //
+// Both forms are part of the stored records, so a change of them shows
+// across an upgrade, for retries whose first attempt reached the older
+// build. The fingerprint's canonical form is versioned (v3: the escaped
+// path and the semicolon pairs): a record stored by a build with another
+// version is a conflict for the same request, never a replay nor a second
+// run. The scope of a request with a TLS client certificate and no
+// Authorization header was "" before DefaultScope read the certificate:
+// such a retry is in a new scope, and runs again.
+//
 // # Outcomes
 //
 //   - Executed: the handler's response goes to the client as it is written
@@ -139,7 +148,10 @@
 // status was sent, or after one that is not stored) releases the key and
 // goes on as it was raised (the middleware tries the Release a second time
 // if the Guard's failed; if that fails too, the claim stays until its lease
-// ends, and the Observer sees Abandoned).
+// ends, and the Observer sees Abandoned). A handler that calls
+// runtime.Goexit (t.FailNow in a test) has the key released the same way,
+// whatever status it sent: unlike a panic, Goexit cannot be held while the
+// Guard settles the claim.
 //
 // # Operator tools
 //

@@ -641,12 +641,13 @@ func (m *Middleware) serve(next http.Handler, w http.ResponseWriter, r *http.Req
 			outcome = LeaseLost
 		case errors.Is(err, errClientGone), errors.Is(err, errHandlerCut), errors.Is(err, ErrClaimKept):
 			outcome = Abandoned
-		case idempotency.IsRetryable(err) && errors.Is(err, idempotency.ErrUnavailable):
-			// The release failed: the claim stays until its lease ends.
-			outcome = NotStored
 		case idempotency.IsRetryable(err):
+			// Released: the Guard takes the mark off when the release
+			// fails, and the default below reports that.
 			outcome = Released
 		default:
+			// The result could not be stored, or the key released (the
+			// claim stays until its lease ends).
 			outcome = NotStored
 		}
 	case idempotency.Replayed:

@@ -572,6 +572,29 @@ func TestStoreFailsAfterTheHandlerRan(t *testing.T) {
 	}
 }
 
+// A status that is not stored releases the key; when the store refuses the
+// release, the claim stays until its lease ends, and the Observer is told
+// NotStored with the store's error, never Released.
+func TestReleaseFailsAfterUnstoredStatus(t *testing.T) {
+	f := newFixture(t, nil, nil, func(w http.ResponseWriter, r *http.Request) {
+		w.WriteHeader(http.StatusServiceUnavailable)
+	})
+	failReleases(f, -1)
+	if r := f.do(t, req{keys: key("k"), body: "b"}); r.status != http.StatusServiceUnavailable {
+		t.Fatalf("the handler's response was not delivered: %d %q", r.status, r.body)
+	}
+	e := f.events.waitOutcome(t, NotStored)
+	if !errors.Is(e.Err, idempotency.ErrUnavailable) || !errors.Is(e.Err, errStatusRelease) || idempotency.IsRetryable(e.Err) {
+		t.Fatalf("event error %v; want the status's and the store's, not Retryable", e.Err)
+	}
+	if r := f.do(t, req{keys: key("k"), body: "b"}); r.status != http.StatusConflict {
+		t.Fatalf("retry got %d, want 409 (the claim was not released)", r.status)
+	}
+	if f.calls.Load() != 1 {
+		t.Fatalf("handler ran %d times, want 1", f.calls.Load())
+	}
+}
+
 // addOnWriteHeader is an outer wrapper that appends to the replay marker
 // when the status is sent, as a logging or tagging middleware might.
 type addOnWriteHeader struct{ http.ResponseWriter }
