@@ -131,8 +131,11 @@ func TestDiskFullFailsTheWholeCommit(t *testing.T) {
 	if err := s.Close(); err != nil {
 		t.Fatal(err)
 	}
-	// A long batch delay puts the writes below into one commit.
-	s, err = Open(path, &Options{MaxBatchDelay: 300 * time.Millisecond})
+	// The nine writes below go into one commit: the committer waits for
+	// them all (a batch of nine), however late the last one comes on a
+	// loaded machine; the minute only bounds a test that goes wrong.
+	const batchWrites = 9
+	s, err = Open(path, &Options{MaxBatchSize: batchWrites, MaxBatchDelay: time.Minute})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -196,6 +199,13 @@ func TestDiskFullFailsTheWholeCommit(t *testing.T) {
 	if n := s.commits.Load() - commits; n != 1 {
 		t.Fatalf("the writes took %d commits; the test needs them in one", n)
 	}
+	if len(errs) != batchWrites {
+		t.Fatalf("%d writes, want %d", len(errs), batchWrites)
+	}
+	// From here on each write goes alone, at once. The committer reads
+	// batchDelay as it takes a batch's first write, after the writes above
+	// were answered.
+	s.batchDelay = 0
 	for name, err := range errs {
 		if !errors.Is(err, idempotency.ErrUnavailable) || !errors.Is(err, syscall.ENOSPC) {
 			t.Errorf("%s: %v; want ErrUnavailable wrapping ENOSPC", name, err)

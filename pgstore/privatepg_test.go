@@ -162,18 +162,44 @@ func (p *privatePG) waitReady(exited chan struct{}) error {
 
 // signal sends sig to the postmaster and to each of its children. A
 // process group would not do: every child of the postmaster calls setsid.
-// The postmaster is signalled first, so that it forks no child unseen
-// while a SIGSTOP or SIGKILL goes round.
+// The postmaster is stopped first, and its children listed only once it
+// is: stopped, it forks no child unseen, and it cannot die before its
+// children are signalled (the children of a postmaster that SIGKILL has
+// already ended belong to init, and listing them by parent misses them: a
+// backend would outlive the crash).
 func (p *privatePG) signal(sig syscall.Signal) {
 	if p.cmd == nil {
 		p.t.Fatalf("private server not running (signal %v)", sig)
 	}
 	pid := p.cmd.Process.Pid
+	if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
+		p.t.Fatalf("stopping the private postmaster: %v", err)
+	}
+	waitStopped(p.t, pid)
+	for _, child := range childPids(pid) {
+		_ = syscall.Kill(child, sig) // it may have exited meanwhile
+	}
 	if err := syscall.Kill(pid, sig); err != nil {
 		p.t.Fatalf("signal %v to the private postmaster: %v", sig, err)
 	}
-	for _, child := range childPids(pid) {
-		_ = syscall.Kill(child, sig) // it may have exited meanwhile
+}
+
+// waitStopped waits (bounded) until the process pid is stopped: kill
+// returns before the signal has taken effect.
+func waitStopped(t testing.TB, pid int) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(time.Millisecond) {
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+		if err != nil {
+			t.Fatalf("private postmaster: %v", err)
+		}
+		// pid (comm) state ...; comm may hold spaces and parentheses.
+		if i := bytes.LastIndexByte(b, ')'); i >= 0 && i+2 < len(b) && (b[i+2] == 'T' || b[i+2] == 't') {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("private postmaster %d not stopped 10s after SIGSTOP", pid)
+		}
 	}
 }
 

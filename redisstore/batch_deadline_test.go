@@ -41,13 +41,17 @@ func TestBatchSenderKeepsItsDeadline(t *testing.T) {
 		}()
 		return ch
 	}
-	const short, long = 700 * time.Millisecond, 5 * time.Second
-	lone := begin(400*time.Millisecond, "lone")
-	onWire(t, s, time.Second)
+	// The lone call's deadline leaves the other two time to queue behind
+	// it on a loaded machine; the short one's, time to be in the batch when
+	// the lone one gives up; the long one's is far past the short one's
+	// bound below.
+	const lonely, short, long = 2 * time.Second, 3 * time.Second, 6 * time.Second
+	lone := begin(lonely, "lone")
+	onWire(t, s, lonely)
 	shortCh := begin(short, "short")
-	queueLen(t, s, 1, time.Second)
+	queueLen(t, s, 1, lonely)
 	longCh := begin(long, "long")
-	queueLen(t, s, 2, time.Second)
+	queueLen(t, s, 2, lonely)
 
 	var rLone, rShort, rLong result
 	hangGuard(t, 20*time.Second, "Begins on a paused server", func() { rLone, rShort, rLong = <-lone, <-shortCh, <-longCh })

@@ -111,8 +111,9 @@ func startNATSServer(t *testing.T) *natsServer {
 	}
 	s.port = l.Addr().(*net.TCPAddr).Port
 	_ = l.Close()
-	s.start()
+	// Before start, which may fail the test with the server running.
 	t.Cleanup(s.kill)
+	s.start()
 	return s
 }
 
