@@ -4,6 +4,7 @@ import (
 	"context"
 	"io"
 	"net/http"
+	"strings"
 	"sync"
 	"testing"
 )
@@ -107,6 +108,10 @@ func TestClientGoneMidBodyIsNotReplayedCut(t *testing.T) {
 			}
 			if r.status != http.StatusConflict || r.problem(t).OriginalStatus != http.StatusCreated {
 				t.Fatalf("retry = %d %q; want 409 response-not-replayable", r.status, r.body)
+			}
+			// The problem's title fits both causes; the detail names this one.
+			if p := r.problem(t); strings.Contains(p.Title, "too large") || !strings.Contains(p.Detail, "cut short") {
+				t.Fatalf("retry's problem says %q / %q for a response cut short", p.Title, p.Detail)
 			}
 			if n := f.calls.Load(); n != 1 {
 				t.Fatalf("handler ran %d times; want 1", n)

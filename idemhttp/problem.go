@@ -50,7 +50,7 @@ var (
 	// larger than Options.MaxStoredResponse, or was cut short when the
 	// client went away (see the package doc), and cannot be replayed. It
 	// will not run again inside the window.
-	ProblemNotReplayable = Problem{Type: ProblemBase + "response-not-replayable", Title: "Response too large to replay", Status: http.StatusConflict}
+	ProblemNotReplayable = Problem{Type: ProblemBase + "response-not-replayable", Title: "Response cannot be replayed", Status: http.StatusConflict}
 )
 
 // WriteProblem writes p as application/problem+json with p.Status.
