@@ -424,8 +424,12 @@ func (st *state) readBody(r *http.Request, limit int64) ([]byte, error) {
 		return nil, errBodyTooLarge
 	}
 	b := st.bodyBuf[:0]
-	if r.ContentLength > 0 && int64(cap(b)) < r.ContentLength+1 {
-		b = make([]byte, 0, r.ContentLength+1) // +1 to see EOF without growing
+	// Room for the declared length (+1 to see EOF without growing), up to
+	// maxPooledBuffer: a declared length is a claim, not bytes received,
+	// and a client that declares MaxBody and stalls must not hold that
+	// much memory; a larger body grows the buffer as it arrives.
+	if want := min(r.ContentLength+1, maxPooledBuffer); r.ContentLength > 0 && int64(cap(b)) < want {
+		b = make([]byte, 0, want)
 	}
 	for {
 		if len(b) == cap(b) {
