@@ -2,16 +2,10 @@ package storeurl
 
 import (
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/tls"
 	"crypto/x509"
-	"crypto/x509/pkix"
-	"encoding/pem"
 	"errors"
 	"fmt"
-	"math/big"
 	"net"
 	"os"
 	"os/exec"
@@ -28,102 +22,16 @@ import (
 	"github.com/archlab/idempotency/internal/testenv"
 )
 
-// testCA is a throwaway certificate authority.
-type testCA struct {
-	cert *x509.Certificate
-	key  *ecdsa.PrivateKey
-	pool *x509.CertPool
-}
-
-func newTestCA(t *testing.T) *testCA {
-	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tmpl := &x509.Certificate{
-		SerialNumber:          big.NewInt(1),
-		Subject:               pkix.Name{CommonName: "storeurl test CA"},
-		NotBefore:             time.Now().Add(-time.Hour),
-		NotAfter:              time.Now().Add(time.Hour),
-		IsCA:                  true,
-		BasicConstraintsValid: true,
-		KeyUsage:              x509.KeyUsageCertSign,
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cert, err := x509.ParseCertificate(der)
-	if err != nil {
-		t.Fatal(err)
-	}
-	pool := x509.NewCertPool()
-	pool.AddCert(cert)
-	return &testCA{cert: cert, key: key, pool: pool}
-}
-
-// issue returns a server (and client: the cluster bus uses it both ways)
-// certificate valid for names only, each a host name or an IP.
-func (ca *testCA) issue(t *testing.T, names ...string) tls.Certificate {
-	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	serial, err := rand.Int(rand.Reader, big.NewInt(1<<62))
-	if err != nil {
-		t.Fatal(err)
-	}
-	tmpl := &x509.Certificate{
-		SerialNumber: serial,
-		Subject:      pkix.Name{CommonName: names[0]},
-		NotBefore:    time.Now().Add(-time.Hour),
-		NotAfter:     time.Now().Add(time.Hour),
-		KeyUsage:     x509.KeyUsageDigitalSignature,
-		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth},
-	}
-	for _, n := range names {
-		if ip := net.ParseIP(n); ip != nil {
-			tmpl.IPAddresses = append(tmpl.IPAddresses, ip)
-		} else {
-			tmpl.DNSNames = append(tmpl.DNSNames, n)
-		}
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.cert, &key.PublicKey, ca.key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key}
-}
-
-// writePEM writes cert and its key to dir as cert.pem and key.pem.
-func writePEM(t *testing.T, dir string, cert tls.Certificate) (certFile, keyFile string) {
-	t.Helper()
-	keyDER, err := x509.MarshalPKCS8PrivateKey(cert.PrivateKey)
-	if err != nil {
-		t.Fatal(err)
-	}
-	certFile, keyFile = filepath.Join(dir, "cert.pem"), filepath.Join(dir, "key.pem")
-	if err := os.WriteFile(certFile, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: cert.Certificate[0]}), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(keyFile, pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: keyDER}), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	return certFile, keyFile
-}
-
 // tlsOptions is what Open makes of a rediss+cluster URL whose first seed is
 // seed, trusting ca (Open trusts the system's roots; a test's CA is not
 // one of them).
-func tlsOptions(t *testing.T, seed string, ca *testCA) (*redis.ClusterOptions, map[string]string) {
+func tlsOptions(t *testing.T, seed string, ca *testenv.CA) (*redis.ClusterOptions, map[string]string) {
 	t.Helper()
 	co, p, err := clusterOptions("rediss+cluster", "//"+seed+"?prefix="+unique(t)+":")
 	if err != nil {
 		t.Fatal(err)
 	}
-	co.TLSConfig.RootCAs = ca.pool
+	co.TLSConfig.RootCAs = ca.Pool
 	return co, p
 }
 
@@ -132,7 +40,7 @@ func tlsOptions(t *testing.T, seed string, ca *testCA) (*redis.ClusterOptions, m
 // IPs behind one certificate); no other name, and no other CA, passes.
 // Before, every node was held to the seed's host alone.
 func TestClusterNodeCertificateNames(t *testing.T) {
-	ca := newTestCA(t)
+	ca := testenv.NewCA(t, "storeurl test CA")
 	for _, tc := range []struct {
 		name     string
 		certFor  []string
@@ -154,11 +62,11 @@ func TestClusterNodeCertificateNames(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			issuer := ca
 			if tc.other {
-				issuer = newTestCA(t)
+				issuer = testenv.NewCA(t, "storeurl test CA")
 			}
 			sni := make(chan string, 1)
 			l, err := tls.Listen("tcp", "127.0.0.1:0", &tls.Config{
-				Certificates: []tls.Certificate{issuer.issue(t, tc.certFor...)},
+				Certificates: []tls.Certificate{issuer.Issue(t, tc.certFor[0], tc.certFor...)},
 				GetConfigForClient: func(h *tls.ClientHelloInfo) (*tls.Config, error) {
 					sni <- h.ServerName
 					return nil, nil
@@ -237,14 +145,12 @@ func freePortOn(t *testing.T, ip string) int {
 
 // startTLSNode starts a TLS redis-server on ip, with a certificate from ca
 // naming ip alone: a Cluster node with cluster, a lone server without.
-func startTLSNode(t *testing.T, bin, ip string, ca *testCA, cluster bool) *tlsNode {
+func startTLSNode(t *testing.T, bin, ip string, ca *testenv.CA, cluster bool) *tlsNode {
 	t.Helper()
 	n := &tlsNode{ip: ip, port: freePortOn(t, ip), bus: freePortOn(t, ip), dir: t.TempDir()}
-	certFile, keyFile := writePEM(t, n.dir, ca.issue(t, ip))
+	certFile, keyFile := testenv.WritePEM(t, n.dir, ca.Issue(t, ip, ip))
 	n.caFile = filepath.Join(n.dir, "ca.pem")
-	if err := os.WriteFile(n.caFile, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: ca.cert.Raw}), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	ca.WriteCA(t, n.caFile)
 	args := []string{"--port", "0", "--tls-port", strconv.Itoa(n.port), "--bind", ip, "--dir", n.dir,
 		"--tls-cert-file", certFile, "--tls-key-file", keyFile, "--tls-ca-cert-file", n.caFile,
 		"--tls-auth-clients", "no",
@@ -268,7 +174,7 @@ func startTLSNode(t *testing.T, bin, ip string, ca *testCA, cluster bool) *tlsNo
 		_ = n.cmd.Process.Kill()
 		_ = n.cmd.Wait()
 	})
-	n.clientConf = &tls.Config{RootCAs: ca.pool, ServerName: ip}
+	n.clientConf = &tls.Config{RootCAs: ca.Pool, ServerName: ip}
 	n.cli = redis.NewClient(&redis.Options{Addr: n.addr(), TLSConfig: n.clientConf, MaxRetries: -1, DialTimeout: time.Second})
 	t.Cleanup(func() { n.cli.Close() })
 	n.waitFor(t, "PING", func() error { return n.cli.Ping(context.Background()).Err() })
@@ -298,7 +204,7 @@ func (n *tlsNode) waitFor(t *testing.T, what string, check func() error) {
 // verified, and the store works across them. Before, every node but the
 // seed failed verification against the seed's IP.
 func TestTLSClusterPerNodeCertificates(t *testing.T) {
-	ca := newTestCA(t)
+	ca := testenv.NewCA(t, "storeurl test CA")
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	nodes := startTLSCluster(ctx, t, ca)
@@ -316,7 +222,7 @@ func TestTLSClusterPerNodeCertificates(t *testing.T) {
 // startTLSCluster starts a private TLS Redis Cluster of three masters on
 // 127.0.0.1, .2 and .3, each with a certificate from ca naming its own IP
 // alone, and waits until it is whole.
-func startTLSCluster(ctx context.Context, t *testing.T, ca *testCA) []*tlsNode {
+func startTLSCluster(ctx context.Context, t *testing.T, ca *testenv.CA) []*tlsNode {
 	t.Helper()
 	bin := testenv.Binary(t, "redis-server")
 	var nodes []*tlsNode

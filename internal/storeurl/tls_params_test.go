@@ -4,7 +4,6 @@ import (
 	"context"
 	"crypto/tls"
 	"crypto/x509"
-	"encoding/pem"
 	"errors"
 	"net/url"
 	"os"
@@ -54,7 +53,7 @@ func firstOp(t *testing.T, raw string) error {
 // an unknown authority without it. skip_verify=true reaches it too.
 func TestRedisTLSCAFile(t *testing.T) {
 	bin := testenv.Binary(t, "redis-server")
-	ca := newTestCA(t)
+	ca := testenv.NewCA(t, "storeurl test CA")
 	n := startTLSNode(t, bin, "127.0.0.1", ca, false)
 	base := "rediss://" + n.addr() + "/0?max_retries=-1&dial_timeout=2s&prefix=" + unique(t) + ":"
 
@@ -66,7 +65,7 @@ func TestRedisTLSCAFile(t *testing.T) {
 		wantVerifyFailure(t, "a store on a server of a private CA, without tls_ca_file", firstOp(t, base))
 	})
 	t.Run("another CA's file", func(t *testing.T) {
-		other := writeCAFile(t, newTestCA(t))
+		other := writeCAFile(t, testenv.NewCA(t, "storeurl test CA"))
 		wantVerifyFailure(t, "a store on a server of a private CA, with another CA's file",
 			firstOp(t, base+"&tls_ca_file="+url.QueryEscape(other)))
 	})
@@ -81,7 +80,7 @@ func TestRedisTLSCAFile(t *testing.T) {
 // tls_ca_file), so such a cluster could not be opened, nor with
 // skip_verify, which go-redis knows for a lone node only.
 func TestTLSClusterCAFile(t *testing.T) {
-	ca := newTestCA(t)
+	ca := testenv.NewCA(t, "storeurl test CA")
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	nodes := startTLSCluster(ctx, t, ca)
@@ -114,12 +113,10 @@ func TestTLSClusterCAFile(t *testing.T) {
 }
 
 // writeCAFile writes ca's certificate to a PEM file and returns its path.
-func writeCAFile(t *testing.T, ca *testCA) string {
+func writeCAFile(t *testing.T, ca *testenv.CA) string {
 	t.Helper()
 	path := filepath.Join(t.TempDir(), "ca.pem")
-	if err := os.WriteFile(path, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: ca.cert.Raw}), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	ca.WriteCA(t, path)
 	return path
 }
 
@@ -128,7 +125,7 @@ func writeCAFile(t *testing.T, ca *testCA) string {
 // plain forms refuse TLS parameters.
 func TestTLSParamsRefused(t *testing.T) {
 	dir := t.TempDir()
-	good := writeCAFile(t, newTestCA(t))
+	good := writeCAFile(t, testenv.NewCA(t, "storeurl test CA"))
 	file := func(name, content string) string {
 		p := filepath.Join(dir, name)
 		if err := os.WriteFile(p, []byte(content), 0o600); err != nil {
@@ -183,7 +180,7 @@ func TestTLSParamsRefused(t *testing.T) {
 // rediss+cluster URL get from the same TLS parameters verifies the same
 // way (the cluster's per-node name check aside).
 func TestTLSParamsSameOnBothForms(t *testing.T) {
-	ca := newTestCA(t)
+	ca := testenv.NewCA(t, "storeurl test CA")
 	caFile := url.QueryEscape(writeCAFile(t, ca))
 	for _, query := range []string{"", "skip_verify=true", "skip_verify=0", "tls_ca_file=" + caFile} {
 		ro, _, err := redisOptions("rediss://127.0.0.1:1/0?" + query)
@@ -201,7 +198,7 @@ func TestTLSParamsSameOnBothForms(t *testing.T) {
 		}
 		wantPool := strings.HasPrefix(query, "tls_ca_file")
 		for name, pool := range map[string]*x509.CertPool{"rediss": a.RootCAs, "rediss+cluster": b.RootCAs} {
-			if (pool != nil) != wantPool || wantPool && !pool.Equal(ca.pool) {
+			if (pool != nil) != wantPool || wantPool && !pool.Equal(ca.Pool) {
 				t.Errorf("%q: %s trusts %v; want the file's CA: %v", query, name, pool, wantPool)
 			}
 		}
