@@ -73,6 +73,7 @@ type config struct {
 	requests       int
 	timeout        time.Duration
 	window         time.Duration
+	executions     string
 }
 
 // headerSets collects -header and -as in command-line order: headers before
@@ -145,6 +146,7 @@ func parse(args []string, stderr io.Writer) (*config, error) {
   idemcheck [-seed N] [-duration D] [-store URL]      demo (with -store: certify the store first)
   idemcheck -target URL [-as NAME] [-header 'Name: value']... [-body TEMPLATE]
             [-conflict-status 422|409] [-requests N] [-concurrency N] [-window D]
+            [-executions URL]
 
 Credential sets for -target: -header flags before any -as go to every
 request; each -as NAME starts a set, and the -header flags after it belong to
@@ -182,6 +184,7 @@ flags:
 	fs.IntVar(&cfg.conflictStatus, "conflict-status", 422, "target: the status expected for a key reused with another payload (422 or 409)")
 	fs.IntVar(&cfg.requests, "requests", 20, "target: logical requests (keys) per check")
 	fs.DurationVar(&cfg.timeout, "timeout", 10*time.Second, "target: per-request timeout")
+	fs.StringVar(&cfg.executions, "executions", "", "target: `URL` of the target's execution counter (GET answers the number of times its operation has run)")
 	fs.DurationVar(&cfg.window, "window", blackbox.DefaultWindow, "target: how long after its first answer a key must still replay (retried once at the end)")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
@@ -213,7 +216,7 @@ flags:
 			}
 		}
 		targetOnly := map[string]bool{"header": true, "as": true, "body": true, "conflict-status": true, "requests": true, "timeout": true,
-			"window": true}
+			"window": true, "executions": true}
 		fs.Visit(func(f *flag.Flag) {
 			if targetOnly[f.Name] {
 				badf("-%s needs -target", f.Name)
@@ -226,6 +229,11 @@ flags:
 		}
 		if cfg.store != "" {
 			badf("-store and -target are two modes; give one")
+		}
+		if cfg.executions != "" {
+			if u, err := url.Parse(cfg.executions); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+				badf("-executions %q: give an http:// or https:// URL", cfg.executions)
+			}
 		}
 		if cfg.unsafe {
 			badf("-unsafe-demo is for the demo")
@@ -248,6 +256,9 @@ flags:
 		}
 		if !strings.Contains(cfg.body, "{{unique}}") && !strings.Contains(cfg.body, "{{seq}}") {
 			badf("-body needs {{unique}} or {{seq}}, so that every request is a new operation")
+		}
+		if cfg.concurrency == 1 {
+			badf("-concurrency %d: with -target it is the number of duplicates sent at once; give 2 to 256", cfg.concurrency)
 		}
 		cfg.headers = hs.resolve()
 		if !set["concurrency"] {
@@ -364,7 +375,7 @@ func runTargetMode(ctx context.Context, cfg *config, rep *verdict.Report, prog *
 	fmt.Fprintf(prog.w, "checking %s with %d credential set(s)\n", cfg.target, len(cfg.headers))
 	return blackbox.Run(ctx, blackbox.Config{Target: cfg.target, Headers: cfg.headers, BodyTemplate: cfg.body,
 		ConflictStatus: cfg.conflictStatus, Concurrency: cfg.concurrency, Seed: cfg.seed,
-		Timeout: cfg.timeout, Requests: cfg.requests, Window: cfg.window}, rep, prog.lines())
+		Timeout: cfg.timeout, Requests: cfg.requests, Window: cfg.window, Executions: cfg.executions}, rep, prog.lines())
 }
 
 // repro is the command that repeats the run: the same flags, the seed
@@ -417,7 +428,7 @@ func shellQuote(s string) string {
 // password (-store, -target) or a credential header's value (-header).
 func hideSecret(flag, value string) string {
 	switch flag {
-	case "store", "target":
+	case "store", "target", "executions":
 		return storeurl.Redact(value)
 	case "header":
 		name, _, ok := strings.Cut(value, ":")

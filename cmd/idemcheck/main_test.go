@@ -111,6 +111,9 @@ func TestUsageErrors(t *testing.T) {
 		{"bad header", []string{"-target", "http://127.0.0.1:1/", "-header", "no colon"}, "Name: value"},
 		{"set given twice", []string{"-target", "http://127.0.0.1:1/", "-as", "a", "-as", "a"}, "twice"},
 		{"duration with target", []string{"-target", "http://127.0.0.1:1/", "-duration", "5s"}, "-duration is for the demo"},
+		{"one duplicate", []string{"-target", "http://127.0.0.1:1/", "-concurrency", "1"}, "-concurrency 1"},
+		{"executions without target", []string{"-executions", "http://127.0.0.1:1/n"}, "-executions needs -target"},
+		{"executions not http", []string{"-target", "http://127.0.0.1:1/", "-executions", "file:///n"}, "-executions"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			code, out, errOut := runCmd(t, tc.args...)

@@ -29,16 +29,20 @@ const (
 	CheckRetry      = "retry replays first response"
 	CheckMarked     = "replays carry Idempotent-Replayed"
 	CheckConcurrent = "concurrent duplicates execute once"
+	CheckApart      = "concurrent keys kept apart"
 	CheckPayload    = "different payload rejected"
 	CheckMalformed  = "malformed keys rejected"
 	CheckLost       = "lost response replays"
 	CheckScope      = "credentials never share results"
 	CheckVisible    = "a second execution would be visible"
+	// CheckExecutions is declared only with Config.Executions.
+	CheckExecutions = "at most one execution per operation (target's counter)"
 )
 
-// Checks returns the check names in the order Run declares them.
+// Checks returns the check names in the order Run declares them;
+// CheckExecutions follows them where Config.Executions is set.
 func Checks() []string {
-	return []string{CheckFresh, CheckRetry, CheckMarked, CheckConcurrent,
+	return []string{CheckFresh, CheckRetry, CheckMarked, CheckConcurrent, CheckApart,
 		CheckPayload, CheckMalformed, CheckLost, CheckScope, CheckVisible}
 }
 
@@ -60,7 +64,8 @@ type Config struct {
 	// ConflictStatus is the status expected for a key reused with another
 	// body (0: 422).
 	ConflictStatus int
-	// Concurrency is the number of concurrent duplicates per key (0: 16).
+	// Concurrency is the number of concurrent duplicates per key, 2 at
+	// least (0: 16).
 	Concurrency int
 	// Requests is the number of logical requests (keys) per check (0: 20).
 	Requests int
@@ -74,6 +79,14 @@ type Config struct {
 	// DefaultWindow). Real windows are hours long; this catches a target
 	// that forgets keys within the run (a short expiry, a small cache).
 	Window time.Duration
+	// Executions is the URL of the target's execution counter ("": none):
+	// a GET of it, with Headers[0], answers 200 and the number of times
+	// the target's operation has run so far, as a decimal integer (the
+	// rows of its orders table, say). Read at the start and the end of
+	// the run, it shows a second execution that the answers hide (see
+	// CheckExecutions in the package doc). Nothing else may run the
+	// operation meanwhile.
+	Executions string
 }
 
 // DefaultWindow is Config.Window when zero: the run waits at most this long
@@ -89,7 +102,8 @@ const maxBody = 1 << 20
 
 // Run checks the target and records the results in rep, writing one line
 // per check to progress (nil: none). It returns an error only for an
-// invalid cfg, a target that cannot be reached, or ctx ending.
+// invalid cfg, a target that cannot be reached, an execution counter that
+// cannot be read at the start, or ctx ending.
 func Run(ctx context.Context, cfg Config, rep *verdict.Report, progress io.Writer) error {
 	c, err := newChecker(cfg, rep, progress)
 	if err != nil {
@@ -100,6 +114,13 @@ func Run(ctx context.Context, cfg Config, rep *verdict.Report, progress io.Write
 	ctx, c.abort = context.WithCancelCause(ctx)
 	defer c.abort(nil)
 	rep.Declare(Checks()...)
+	var before int64
+	if c.counter != nil {
+		rep.Declare(CheckExecutions)
+		if before, err = c.counted(ctx); err != nil {
+			return fmt.Errorf("blackbox: execution counter: %w", err)
+		}
+	}
 	if err := c.preflight(ctx); err != nil {
 		return err
 	}
@@ -109,6 +130,7 @@ func Run(ctx context.Context, cfg Config, rep *verdict.Report, progress io.Write
 	}{
 		{CheckRetry, c.checkRetry},
 		{CheckConcurrent, c.checkConcurrent},
+		{CheckApart, c.checkApart},
 		{CheckPayload, c.checkPayload},
 		{CheckMalformed, c.checkMalformed},
 		{CheckLost, c.checkLost},
@@ -124,6 +146,9 @@ func Run(ctx context.Context, cfg Config, rep *verdict.Report, progress io.Write
 	c.finishMarked()
 	c.finishRetry()
 	c.finishVisible()
+	if c.counter != nil {
+		c.finishExecutions(ctx, before)
+	}
 	return stopped(parent, ctx)
 }
 
@@ -143,6 +168,7 @@ func stopped(parent, ctx context.Context) error {
 type checker struct {
 	cfg      Config
 	target   *url.URL
+	counter  *url.URL // Config.Executions (nil: none)
 	client   *http.Client
 	rep      *verdict.Report
 	progress io.Writer
@@ -182,6 +208,9 @@ type checker struct {
 	markedReplays, unmarkedReplays int
 	unmarked                       []string
 	markFailures                   int
+	// mayHaveRun holds the operations sent, for CheckExecutions: true for
+	// one that may have run (some answer other than 4xx, or none).
+	mayHaveRun map[operation]bool
 }
 
 func newChecker(cfg Config, rep *verdict.Report, progress io.Writer) (*checker, error) {
@@ -192,6 +221,13 @@ func newChecker(cfg Config, rep *verdict.Report, progress io.Writer) (*checker, 
 	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
 		return nil, fmt.Errorf("blackbox: target %q is not an http(s) URL", cfg.Target)
 	}
+	var counter *url.URL
+	if cfg.Executions != "" {
+		counter, err = url.Parse(cfg.Executions)
+		if err != nil || (counter.Scheme != "http" && counter.Scheme != "https") || counter.Host == "" {
+			return nil, fmt.Errorf("blackbox: execution counter %q is not an http(s) URL", cfg.Executions)
+		}
+	}
 	if len(cfg.Headers) == 0 {
 		cfg.Headers = []http.Header{{}}
 	}
@@ -201,7 +237,10 @@ func newChecker(cfg Config, rep *verdict.Report, progress io.Writer) (*checker, 
 	if cfg.ConflictStatus == 0 {
 		cfg.ConflictStatus = http.StatusUnprocessableEntity
 	}
-	if cfg.Concurrency <= 0 {
+	switch {
+	case cfg.Concurrency == 1:
+		return nil, errors.New("blackbox: concurrency 1: one request at a time is no duplicate; give at least 2 (0: 16)")
+	case cfg.Concurrency <= 0:
 		cfg.Concurrency = 16
 	}
 	if cfg.Requests <= 0 {
@@ -224,7 +263,7 @@ func newChecker(cfg Config, rep *verdict.Report, progress io.Writer) (*checker, 
 		return nil, err
 	}
 	c := &checker{
-		cfg: cfg, target: u, rep: rep, progress: progress, runID: hex.EncodeToString(id[:]), abort: func(error) {},
+		cfg: cfg, target: u, counter: counter, rep: rep, progress: progress, runID: hex.EncodeToString(id[:]), abort: func(error) {},
 		rng: mrand.New(mrand.NewPCG(uint64(cfg.Seed), 0x69646d636865636b)),
 		client: &http.Client{
 			Timeout: cfg.Timeout,
@@ -370,9 +409,11 @@ func (c *checker) post(ctx context.Context, hdr http.Header, req request) (reply
 	hr.Header.Set("Idempotency-Key", quoteKey(req.key))
 	resp, err := c.client.Do(hr)
 	if err != nil {
+		c.sent(hdr, req.key, req.body, 0)
 		return reply{}, c.heard(err)
 	}
 	defer resp.Body.Close()
+	c.sent(hdr, req.key, req.body, resp.StatusCode)
 	body, err := io.ReadAll(io.LimitReader(resp.Body, maxBody))
 	if err != nil {
 		return reply{}, c.heard(fmt.Errorf("reading the response: %w", err))

@@ -125,7 +125,7 @@ func serve(t *testing.T, h http.Handler) string {
 // new order.
 func TestFlagsNoDeduplication(t *testing.T) {
 	rep := run(t, testConfig(serve(t, &orders{})))
-	wantFailed(t, rep, CheckRetry, CheckConcurrent, CheckPayload, CheckMalformed, CheckLost, CheckScope)
+	wantFailed(t, rep, CheckRetry, CheckConcurrent, CheckApart, CheckPayload, CheckMalformed, CheckLost, CheckScope)
 	if ex := example(rep, CheckConcurrent); !strings.Contains(ex, "distinct 2xx bodies") {
 		t.Errorf("concurrent example does not name the double execution: %q", ex)
 	}

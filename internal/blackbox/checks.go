@@ -327,6 +327,129 @@ func (c *checker) checkConcurrent(ctx context.Context) {
 	}
 }
 
+// apartKeys and apartRounds bound checkApart: rounds of up to apartKeys
+// keys sent at once (fewer if Config.Concurrency is smaller, but two at
+// least).
+const (
+	apartKeys   = 8
+	apartRounds = 5
+)
+
+// checkApart: requests on different keys sent at once each get an answer
+// of their own, and each key's retry, the retries sent at once too,
+// replays its own first answer, not another key's. A target that is
+// right one request at a time may still mix up keys that run together (a
+// result kept through a buffer or a field that requests share).
+func (c *checker) checkApart(ctx context.Context) {
+	c.mu.Lock()
+	marks := c.markedReplays > 0
+	c.mu.Unlock()
+	if !c.identifies && !marks {
+		c.rep.Skip(CheckApart, "two executions of one body answered identical bytes and no replay was marked "+
+			ReplayedHeader+": true, so neither a key's answer nor a replay can be told from another's")
+		return
+	}
+	m := max(2, min(c.cfg.Concurrency, apartKeys))
+	judged, unproven := 0, 0
+	for range min(c.cfg.Requests, apartRounds) {
+		if ctx.Err() != nil {
+			return
+		}
+		reqs := make([]request, m)
+		for i := range reqs {
+			reqs[i] = c.next()
+		}
+		firsts, errs := c.together(ctx, reqs, c.post)
+		ok := make([]bool, m) // answered 2xx with a result of its own
+		owner := map[string]int{}
+		for i, req := range reqs {
+			if errs[i] != nil {
+				c.rep.Fail(CheckApart, "key %s (one of %d keys sent at once): the request failed: %v", req.key, m, errs[i])
+				continue
+			}
+			c.fresh(req, firsts[i])
+			if !firsts[i].ok() {
+				continue // CheckFresh has it
+			}
+			if j, dup := owner[firsts[i].result()]; dup && c.identifies {
+				judged++
+				c.rep.Fail(CheckApart, "key %s (one of %d keys sent at once) was answered %s, the answer of key %s: "+
+					"another key's result", req.key, m, firsts[i], reqs[j].key)
+				continue
+			}
+			owner[firsts[i].result()] = i
+			ok[i] = true
+		}
+		var retry []request
+		var index []int
+		for i, req := range reqs {
+			if ok[i] {
+				retry = append(retry, req)
+				index = append(index, i)
+			}
+		}
+		seconds, errs := c.together(ctx, retry, c.settle)
+		for k, i := range index {
+			req, first, r := reqs[i], firsts[i], seconds[k]
+			switch {
+			case errs[k] != nil:
+				judged++
+				c.rep.Fail(CheckApart, "key %s (one of %d keys retried at once): the retry failed: %v", req.key, len(retry), errs[k])
+			case r.same(first):
+				c.sawReplay(req, r)
+				if !c.identifies && !r.replayed() {
+					unproven++ // the same bytes, unmarked: a replay or a run
+					continue
+				}
+				judged++
+				c.rep.Pass(CheckApart)
+			default:
+				judged++
+				other := -1
+				for j := range reqs {
+					if j != i && ok[j] && c.identifies && firsts[j].result() == r.result() {
+						other = j
+					}
+				}
+				if other >= 0 {
+					c.rep.Fail(CheckApart, "key %s (one of %d keys retried at once): the retry was answered %s, "+
+						"another key's (%s) first answer, not its own %s", req.key, len(retry), r, reqs[other].key, first)
+					continue
+				}
+				c.rep.Fail(CheckApart, "key %s (one of %d keys retried at once): first answer %s, retry %s%s",
+					req.key, len(retry), first, r, c.inFlight(r))
+			}
+		}
+	}
+	switch {
+	case judged > 0:
+	case unproven > 0:
+		c.rep.Skip(CheckApart, fmt.Sprintf("%d retries answered the first answer's bytes, but none was marked %s: true "+
+			"and a second execution of this target answers the same bytes, so none can be told from one", unproven, ReplayedHeader))
+	default:
+		c.rep.Skip(CheckApart, "no request on keys sent at once was answered 2xx (see "+strconv.Quote(CheckFresh)+")")
+	}
+}
+
+// together sends reqs at once through send, each with the first
+// credential set, and returns the answers and errors in their order.
+func (c *checker) together(ctx context.Context, reqs []request,
+	send func(context.Context, http.Header, request) (reply, error)) ([]reply, []error) {
+	replies := make([]reply, len(reqs))
+	errs := make([]error, len(reqs))
+	start := make(chan struct{})
+	var wg sync.WaitGroup
+	for i, req := range reqs {
+		wg.Go(func() {
+			<-start
+			replies[i], errs[i] = send(ctx, c.creds(), req)
+		})
+	}
+	close(start)
+	wg.Wait()
+	return replies, errs
+}
+
 func statusCounts(m map[int]int) string {
 	codes := make([]int, 0, len(m))
 	for code := range m {
@@ -411,7 +534,9 @@ func (c *checker) checkMalformed(ctx context.Context) {
 		if ctx.Err() != nil {
 			return
 		}
-		r, err := c.exchangeRaw(ctx, c.rawRequest(c.creds(), []string{tc.value}, c.next().body))
+		body := c.next().body
+		r, err := c.exchangeRaw(ctx, c.rawRequest(c.creds(), []string{tc.value}, body))
+		c.sent(c.creds(), "malformed:"+tc.value, body, r.status)
 		if err != nil {
 			c.rep.Fail(CheckMalformed, "Idempotency-Key %s (%s): request failed: %v", strconv.Quote(tc.value), tc.what, err)
 			continue
@@ -481,6 +606,7 @@ func (c *checker) checkLost(ctx context.Context) {
 		case leftWhileRunning:
 			first, err = c.sendAndLeave(ctx, raw)
 		}
+		c.sent(c.creds(), req.key, req.body, first.status)
 		if err != nil {
 			c.rep.Fail(CheckLost, "key %s (%s): sending the request failed: %v", req.key, lostNames[variant], err)
 			continue
@@ -504,9 +630,18 @@ func (c *checker) checkLost(ctx context.Context) {
 		// run the retry.
 		ran := first.ok()
 		switch {
+		case variant == leftWhileRunning && ran && r.replayed():
+			// What the lost request was answered is known: a replay must
+			// be that answer, whether or not answers identify executions.
+			c.rep.Check(CheckLost, r.same(first), "key %s (%s): the target answered %s to the request, "+
+				"but the retry was answered, as a replay, %s: not the answer the request got", req.key, lostNames[variant], first, r)
 		case variant == leftWhileRunning && ran && c.identifies:
 			c.rep.Check(CheckLost, r.same(first), "key %s (%s): the target answered %s to the request, "+
 				"but the retry %s: it ran again", req.key, lostNames[variant], first, r)
+		case variant == cutAfterStatus && ran && r.replayed() && r.status != first.status:
+			// Only the status line was read: the replay must carry it.
+			c.rep.Fail(CheckLost, "key %s (%s): the target had begun answering %d, but the retry was answered, "+
+				"as a replay, %s: not the answer the request got", req.key, lostNames[variant], first.status, r)
 		case r.replayed():
 			c.rep.Pass(CheckLost)
 		case ran && r.status >= 500:

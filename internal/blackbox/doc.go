@@ -32,6 +32,13 @@
 //     replays answers at most one duplicate 2xx unmarked: more are more
 //     executions, even under one body (answers that do not identify
 //     executions, or runners that all answer the first stored result).
+//   - CheckApart: requests on different keys sent at once (up to eight, in
+//     a few rounds) each get an answer of their own, not another key's,
+//     and their retries, also sent at once, each replay their own key's
+//     first answer. A target right one request at a time may still mix
+//     up keys that run together (a result kept through a buffer or a
+//     field that requests share). Skipped like CheckConcurrent where
+//     answers do not identify executions and replays are not marked.
 //   - CheckPayload: the same key with another body gets Config.ConflictStatus
 //     (422 unless set).
 //   - CheckMalformed: malformed Idempotency-Key values (empty, a list,
@@ -64,6 +71,12 @@
 //     the run fails here rather than pass on skips. Skipped when the two
 //     fresh requests that find it out were not both answered 2xx (so
 //     CheckFresh failed) and no replay was marked.
+//   - CheckExecutions, only with Config.Executions: the executions the
+//     target's own counter shows for the run are at most the operations
+//     (a caller, a key and a body) that may have run, those answered only
+//     4xx aside. One bound for the run, not per key, and loose by each
+//     operation whose outcome is unknown (a lost request) that did not
+//     run; nothing else may run the target's operation meanwhile.
 //
 // # What a black box can see
 //
@@ -79,7 +92,11 @@
 // twice and answers the same bytes both times cannot be caught this way;
 // nor can one that runs a duplicate and then answers it 409 (a claim
 // stored after the side effect, refused as a duplicate), or with the
-// first stored result marked as a replay.
+// first stored result marked as a replay; nor one that runs a request,
+// sees its client gone and drops the connection without storing anything,
+// so that the retry runs it again (a target may rightly refuse such a
+// request unrun). The target's execution counter, Config.Executions, shows
+// all of these.
 //
 // Only the key itself is taken out of the answers before they are
 // compared. An answer derived from the key in another way (a digest of
@@ -89,15 +106,18 @@
 // runs concurrent duplicates and retries unseen, and passes every check,
 // CheckVisible included. Nothing outside the target can tell its answers
 // from those of a correct one; only its own records can (as the demo's
-// ledger does).
+// ledger does, and Config.Executions may).
 //
 // A lost response is never seen by the client it was meant for, so the
 // retry after it is judged by what can be known. After a half-close the
 // answer the target gave is read anyway and, if it is a 2xx, the retry
 // must equal it. After a 2xx status line the request is known to have
 // run, so the retry must be marked Idempotent-Replayed if CheckRetry
-// showed that the target marks its replays. Other answers do not show
-// that the request ran (a target may refuse a client that has gone, with
+// showed that the target marks its replays. A retry marked as a replay
+// must be the answer that was seen: the whole answer after a half-close,
+// the status after a cut (a target that keeps "client closed request" for
+// a request it ran, and replays that, tells its client nothing was done).
+// Other answers do not show that the request ran (a target may refuse a client that has gone, with
 // 499 or 408, or turn it away with 429), so the retry may rightly run
 // it. After a close right after sending, the target may rightly not
 // run the request at all (it may see the client gone first, as idemhttp
@@ -122,7 +142,8 @@
 //
 // A run is bounded by its Config: it takes each of the Config.Requests keys
 // of a check through a fixed number of exchanges (about twelve in all, in
-// sequence, beside the Config.Concurrency duplicates sent at once), each
+// sequence, beside the Config.Concurrency duplicates sent at once and the
+// keys CheckApart sends together), each
 // bounded by Config.Timeout, and each retry answered 409 waits at most
 // Config.Timeout more; the last retries come at most Config.Window after
 // the first answers. Against a prompt target that is a few seconds plus
@@ -131,6 +152,7 @@
 // Run stops and returns an error saying so.
 //
 // Run returns an error only when checking is impossible: an invalid Config,
-// a target that cannot be reached at all, or one that stopped answering.
+// a target that cannot be reached at all, one that stopped answering, or
+// an execution counter that cannot be read at the start.
 // Everything the target does wrong goes into the report.
 package blackbox

@@ -56,6 +56,9 @@ type toy struct {
 	// forgetGone runs the operation, then stores nothing when the client
 	// has gone meanwhile: the retry after a lost answer runs again.
 	forgetGone bool
+	// rerun runs the operation again for every replay, then answers the
+	// stored result, marked: the answers are those of a correct server.
+	rerun bool
 
 	ops     orders
 	mu      sync.Mutex
@@ -73,6 +76,14 @@ func (s *toy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	w.Header().Set("Content-Type", "application/json")
+	if s.rerun {
+		s.mu.Lock()
+		rec, ok := s.records[id]
+		s.mu.Unlock()
+		if ok && rec.fingerprint == fp {
+			s.ops.create(body)
+		}
+	}
 	if s.checkThenAct {
 		s.mu.Lock()
 		rec, ok := s.records[id]
@@ -122,10 +133,10 @@ func (s *toy) answer(w http.ResponseWriter, rec toyRecord, fp [32]byte) {
 }
 
 // flaws switches a toy's defects on.
-type flaws struct{ ignorePayload, checkThenAct, forgetGone bool }
+type flaws struct{ ignorePayload, checkThenAct, forgetGone, rerun bool }
 
 func newToy(f flaws) *toy {
-	return &toy{ignorePayload: f.ignorePayload, checkThenAct: f.checkThenAct, forgetGone: f.forgetGone,
+	return &toy{ignorePayload: f.ignorePayload, checkThenAct: f.checkThenAct, forgetGone: f.forgetGone, rerun: f.rerun,
 		records: map[string]toyRecord{}}
 }
 
@@ -141,6 +152,19 @@ func guarded(opts *idemhttp.Options) (http.Handler, error) {
 		return nil, err
 	}
 	return m.Handler(&orders{}), nil
+}
+
+// guardedOps is ops behind our idemhttp middleware on a MemoryStore.
+func guardedOps(ops *orders) (http.Handler, error) {
+	g, err := idempotency.NewGuard(idempotency.NewMemoryStore(), nil)
+	if err != nil {
+		return nil, err
+	}
+	m, err := idemhttp.New(g, nil)
+	if err != nil {
+		return nil, err
+	}
+	return m.Handler(ops), nil
 }
 
 // toyRequest reads what the toy servers key and fingerprint a request by:

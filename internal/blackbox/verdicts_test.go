@@ -1,11 +1,13 @@
 package blackbox
 
 import (
+	"cmp"
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
 	"io"
 	"net/http"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -35,6 +37,11 @@ type shaky struct {
 	// located: the created order is named by Location only, the body is
 	// the same bytes for every execution.
 	located bool
+	// goneKeeps499: the status line goes out at once, the body after
+	// 50ms; a client gone by then has its record replaced by a 499
+	// (client closed request), though the operation ran and its answer
+	// was sent: the retry is told, as a replay, that nothing was done.
+	goneKeeps499 bool
 
 	runs atomic.Int64
 
@@ -45,6 +52,7 @@ type shaky struct {
 
 type shakyRecord struct {
 	fp       [32]byte
+	status   int // 0: 201
 	body     []byte
 	location string
 }
@@ -65,11 +73,19 @@ func (s *shaky) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		// Claimed under the lock: the operation is quick.
 		rec = s.record(fp, s.execute(key, body))
 		s.records[id] = rec
-		s.mu.Unlock()
 		if rec.location != "" {
 			w.Header().Set("Location", rec.location)
 		}
 		w.WriteHeader(http.StatusCreated)
+		if s.goneKeeps499 {
+			// Still under the lock: a retry waits for the record.
+			w.(http.Flusher).Flush()
+			time.Sleep(50 * time.Millisecond)
+			if r.Context().Err() != nil {
+				s.records[id] = shakyRecord{fp: fp, status: 499, body: []byte(`{"error":"client closed request"}`)}
+			}
+		}
+		s.mu.Unlock()
 		_, _ = w.Write(rec.body)
 		return
 	}
@@ -131,7 +147,7 @@ func (s *shaky) replay(w http.ResponseWriter, rec shakyRecord, fp [32]byte) {
 	default:
 		w.Header().Set(ReplayedHeader, "true")
 	}
-	w.WriteHeader(http.StatusCreated)
+	w.WriteHeader(cmp.Or(rec.status, http.StatusCreated))
 	_, _ = w.Write(rec.body)
 }
 
@@ -250,5 +266,30 @@ func TestLocatedClaimless(t *testing.T) {
 	if !containsName(failed(rep), CheckConcurrent) {
 		t.Errorf("%q did not fail for a target that ran %d times; failed: %v, skipped: %v",
 			CheckConcurrent, s.runs.Load(), failed(rep), skipped(rep))
+	}
+}
+
+// A target that keeps, for a request whose client left after the status
+// line came, a record saying the client closed the request (499), though
+// the operation ran and its 201 was sent, replays that record, marked, to
+// the retry: the client is told nothing was done. What the lost request
+// was answered is known (its status line after a cut, the whole answer
+// after a half-close), and a marked replay must be that answer, whether
+// or not the target's answers identify executions.
+func TestLostReplayIsNotTheAnswerSent(t *testing.T) {
+	for name, answer := range map[string]func(string, []byte, int64) []byte{
+		"same bytes":    constant,
+		"order per run": orderID,
+	} {
+		t.Run(name, func(t *testing.T) {
+			rep := run(t, testConfig(serve(t, &shaky{answer: answer, goneKeeps499: true})))
+			wantFailed(t, rep, CheckLost)
+			ex := example(rep, CheckLost)
+			for _, way := range []string{lostNames[cutAfterStatus], lostNames[leftWhileRunning]} {
+				if !strings.Contains(ex, way) || !strings.Contains(ex, "499") {
+					t.Errorf("lost response examples do not name the 499 replayed after %q:\n%s", way, ex)
+				}
+			}
+		})
 	}
 }

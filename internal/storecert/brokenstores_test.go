@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/archlab/idempotency"
+	"github.com/archlab/idempotency/faultstore"
 	"github.com/archlab/idempotency/internal/verdict"
 )
 
@@ -173,4 +174,51 @@ func TestCampaignAloneFindsStaleRenewAndRelease(t *testing.T) {
 			t.Logf("seed %d:\n%s", seed, report(rep))
 		})
 	}
+}
+
+// retriesUnavailable sends a write again when it failed with
+// ErrUnavailable, as a client with blind retries does: a write whose
+// acknowledgement was lost is applied twice, and the second answer (the
+// claim found in flight, the result found stored) is the one returned.
+type retriesUnavailable struct{ idempotency.Store }
+
+func (s retriesUnavailable) Begin(ctx context.Context, key, fp string, now time.Time, lease, retention time.Duration) (idempotency.Record, bool, error) {
+	rec, ok, err := s.Store.Begin(ctx, key, fp, now, lease, retention)
+	if errors.Is(err, idempotency.ErrUnavailable) {
+		return s.Store.Begin(ctx, key, fp, now, lease, retention)
+	}
+	return rec, ok, err
+}
+
+func (s retriesUnavailable) Complete(ctx context.Context, key string, token uint64, resp idempotency.Response, now time.Time, retention time.Duration) error {
+	err := s.Store.Complete(ctx, key, token, resp, now, retention)
+	if errors.Is(err, idempotency.ErrUnavailable) {
+		return s.Store.Complete(ctx, key, token, resp, now, retention)
+	}
+	return err
+}
+
+// A store whose writes are applied twice when their acknowledgement is
+// lost (faultstore's lost-ack fault under a client that retries blindly)
+// passes the contract, which injects no faults; the campaign's lost-ack
+// phase must find it.
+func TestCampaignFindsWritesAppliedTwice(t *testing.T) {
+	fs := faultstore.New(idempotency.NewMemoryStore(), nil)
+	set := func(inj faultstore.Injector) func() error { return func() error { fs.SetInjector(inj); return nil } }
+	tgt := &target{desc: "a store retrying writes whose acknowledgement was lost", contract: idempotency.NewMemoryStore(),
+		campaign: func(_ context.Context, seed int64) (*faulty, error) {
+			return &faulty{store: retriesUnavailable{fs}, heal: set(nil), close: func() {}, phases: []phase{
+				{"lost acknowledgements (applied)", set(faultstore.Random(uint64(seed), 0.3, faultstore.LostAck(nil)))},
+			}}, nil
+		}}
+	opts, progress := testOptions()
+	rep := verdict.New()
+	if err := certify(context.Background(), tgt, opts, rep); err != nil {
+		t.Fatal(err)
+	}
+	if rep.OK() || fs.Injected(faultstore.OpBegin) == 0 {
+		t.Fatalf("the campaign passed a store that applies writes twice (%d lost Begin acknowledgements; seed %d):\n%s\nprogress:\n%s",
+			fs.Injected(faultstore.OpBegin), opts.Seed, report(rep), progress)
+	}
+	t.Logf("seed %d:\n%s", opts.Seed, report(rep))
 }

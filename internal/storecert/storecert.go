@@ -19,7 +19,11 @@
 //     contract. A call that failed with ErrUnavailable may or may not have
 //     been applied: it is given an open-ended return, and the model lets it
 //     have happened or not. Tokens are checked for fencing (each claim's
-//     token exceeds every token the key had), not for exact values.
+//     token exceeds every token the key had), not for exact values. A key
+//     whose history porcupine does not decide in time (2s a key, and
+//     the larger of 10s and Options.Duration in all) fails the check: it
+//     was not verified, and an illegal history can take the search
+//     longer than a legal one.
 //
 // # Clocks
 //

@@ -355,3 +355,26 @@ func certifyUnfaulted(t *testing.T, desc string, store, contract idempotency.Sto
 	}
 	return rep, progress, opts.Seed
 }
+
+// A history that porcupine could not decide in time was not verified: it
+// must not pass, whether some keys or all went undecided. Here the
+// deadline has passed before the check starts, so no key is decided; the
+// history itself holds a double claim.
+func TestUndecidedHistoryFails(t *testing.T) {
+	rec := newRecorder(idempotency.NewMemoryStore(), time.Second, false)
+	rec.ops = []op{
+		hop(0, 1, 2, input{kind: opBegin, fp: "fp"}, claimOut(5, 1)),
+		hop(1, 3, 4, input{kind: opBegin, fp: "fp"}, claimOut(6, 3)),
+	}
+	rep := verdict.New()
+	rep.Pass("contract: a clause that held") // the rest of a certification that passed
+	c := &campaign{rec: rec, rep: rep, opts: Options{Duration: time.Second}, historyDeadline: time.Now().Add(-time.Second)}
+	c.checkLinearizable()
+	out := report(rep)
+	if rep.OK() {
+		t.Fatalf("a certification whose history was not decided passed:\n%s", out)
+	}
+	if !strings.Contains(out, "not decided") {
+		t.Errorf("the report does not say the history was not decided:\n%s", out)
+	}
+}
