@@ -33,20 +33,7 @@ func TestSlowFaultHookWithNowSetStopsFnBeforeLease(t *testing.T) {
 			return nil
 		}
 		g := &Guard{Store: mem, Lease: lease, Now: time.Now}
-		var running atomic.Int32
-		var overlap atomic.Bool
-		fn := func(ctx context.Context) (Response, error) {
-			if running.Add(1) > 1 {
-				overlap.Store(true)
-			}
-			defer running.Add(-1)
-			select {
-			case <-ctx.Done():
-				return Response{}, ctx.Err()
-			case <-time.After(time.Minute):
-				return Response{Status: 200}, nil
-			}
-		}
+		fn, overlap := overlapWatch()
 		start := time.Now()
 		done := make(chan struct{})
 		go func() {
@@ -69,7 +56,7 @@ func TestSlowFaultHookWithNowSetStopsFnBeforeLease(t *testing.T) {
 		if out != Executed || err != nil {
 			t.Fatalf("takeover %v after the claim: %s %v", time.Since(start), out, err)
 		}
-		if overlap.Load() {
+		if overlap() {
 			t.Errorf("fn ran twice at once for one key: the first holder's ctx outlived its lease of %v", lease)
 		}
 	})

@@ -58,6 +58,27 @@ func (s slowBeginStore) Extend(context.Context, string, uint64, time.Time, time.
 	return fmt.Errorf("extend: %w", ErrUnavailable)
 }
 
+// overlapWatch returns an fn that runs until its ctx ends (at most a
+// minute) and overlap, which reports whether two runs of it ever
+// overlapped: a key run twice at once.
+func overlapWatch() (fn func(context.Context) (Response, error), overlap func() bool) {
+	var running atomic.Int32
+	var overlapped atomic.Bool
+	fn = func(ctx context.Context) (Response, error) {
+		if running.Add(1) > 1 {
+			overlapped.Store(true)
+		}
+		defer running.Add(-1)
+		select {
+		case <-ctx.Done():
+			return Response{}, ctx.Err()
+		case <-time.After(time.Minute):
+			return Response{Status: 200}, nil
+		}
+	}
+	return fn, overlapped.Load
+}
+
 // TestSlowBeginWithNowSetStopsFnBeforeLease: with Guard.Now set (here to
 // the real clock, as a UTC wrapper would be), the lease the store grants
 // runs from the Now read before Begin. When no renewal gets through, fn's
@@ -70,20 +91,7 @@ func TestSlowBeginWithNowSetStopsFnBeforeLease(t *testing.T) {
 		const lease = 10 * time.Second
 		g := &Guard{Store: slowBeginStore{mem, 5 * time.Second}, Lease: lease, Now: time.Now}
 		other := &Guard{Store: mem, Lease: lease, Now: time.Now}
-		var running atomic.Int32
-		var overlap atomic.Bool
-		fn := func(ctx context.Context) (Response, error) {
-			if running.Add(1) > 1 {
-				overlap.Store(true)
-			}
-			defer running.Add(-1)
-			select {
-			case <-ctx.Done():
-				return Response{}, ctx.Err()
-			case <-time.After(time.Minute):
-				return Response{Status: 200}, nil
-			}
-		}
+		fn, overlap := overlapWatch()
 		start := time.Now()
 		done := make(chan struct{})
 		go func() {
@@ -99,7 +107,7 @@ func TestSlowBeginWithNowSetStopsFnBeforeLease(t *testing.T) {
 		if out != Executed || err != nil {
 			t.Fatalf("takeover %v after the claim: %s %v", time.Since(start), out, err)
 		}
-		if overlap.Load() {
+		if overlap() {
 			t.Errorf("fn ran twice at once for one key: the first holder's ctx outlived its lease of %v", lease)
 		}
 	})
