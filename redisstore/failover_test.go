@@ -3,7 +3,6 @@ package redisstore
 import (
 	"context"
 	"errors"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -65,43 +64,32 @@ func TestClusterFailoverUnderLoad(t *testing.T) {
 			t.Errorf(format, args...)
 		}
 	}
-	stop := make(chan struct{})
-	var wg sync.WaitGroup
-	for w := range 16 {
-		wg.Go(func() {
-			for i := 0; ; i++ {
-				select {
-				case <-stop:
-					return
-				default:
-				}
-				key := "w" + strconv.Itoa(w) + "-" + strconv.Itoa(i)
-				rec, ok, err := s.Begin(ctx, key, key, time.Now(), time.Minute, time.Hour)
-				if errors.Is(err, idempotency.ErrUnavailable) {
-					fails.Add(1)
-					continue
-				}
-				if err != nil || !ok || rec.Fingerprint != key {
-					bad("Begin(%s) on a fresh key = %v, %+v, %v", key, ok, rec, err)
-					continue
-				}
-				mu.Lock()
-				claimed[key] = rec.Token
-				mu.Unlock()
-				err = s.Complete(ctx, key, rec.Token, idempotency.Response{Status: 200, Body: []byte(key)}, time.Now(), time.Hour)
-				switch {
-				case err == nil:
-					mu.Lock()
-					completed[key] = true
-					mu.Unlock()
-				case errors.Is(err, idempotency.ErrUnavailable):
-					fails.Add(1)
-				default:
-					bad("Complete(%s) = %v", key, err)
-				}
-			}
-		})
-	}
+	stop := underLoad(t, 16, func(key string) bool {
+		rec, ok, err := s.Begin(ctx, key, key, time.Now(), time.Minute, time.Hour)
+		if errors.Is(err, idempotency.ErrUnavailable) {
+			fails.Add(1)
+			return true
+		}
+		if err != nil || !ok || rec.Fingerprint != key {
+			bad("Begin(%s) on a fresh key = %v, %+v, %v", key, ok, rec, err)
+			return true
+		}
+		mu.Lock()
+		claimed[key] = rec.Token
+		mu.Unlock()
+		err = s.Complete(ctx, key, rec.Token, idempotency.Response{Status: 200, Body: []byte(key)}, time.Now(), time.Hour)
+		switch {
+		case err == nil:
+			mu.Lock()
+			completed[key] = true
+			mu.Unlock()
+		case errors.Is(err, idempotency.ErrUnavailable):
+			fails.Add(1)
+		default:
+			bad("Complete(%s) = %v", key, err)
+		}
+		return true
+	})
 	time.Sleep(200 * time.Millisecond)
 	if err := cr.Do(ctx, "cluster", "failover").Err(); err != nil {
 		t.Fatal(err)
@@ -111,8 +99,7 @@ func TestClusterFailoverUnderLoad(t *testing.T) {
 		return strings.Contains(info, "role:master")
 	})
 	time.Sleep(300 * time.Millisecond)
-	close(stop)
-	hangGuard(t, 20*time.Second, "workers", wg.Wait)
+	stop()
 	t.Logf("%d claims, %d completed, %d failures; %d batches carried %d operations",
 		len(claimed), len(completed), fails.Load(), s.batches.Load(), s.batchedOps.Load())
 	if len(claimed) == 0 {

@@ -241,36 +241,25 @@ func TestScriptFlushUnderLoad(t *testing.T) {
 	admin := ps.client(t)
 	c := newClient(t, &redis.Options{Addr: ps.addr(), PoolSize: 8})
 	s := newStore(t, c, Options{Logger: discard()})
-	stop := make(chan struct{})
-	var wg sync.WaitGroup
 	var done atomic.Int32
-	for w := range 16 {
-		wg.Go(func() {
-			ctx := context.Background()
-			for i := 0; ; i++ {
-				select {
-				case <-stop:
-					return
-				default:
-				}
-				key := "w" + strconv.Itoa(w) + "-" + strconv.Itoa(i)
-				rec, ok, err := s.Begin(ctx, key, "fp", time.Now(), time.Minute, time.Hour)
-				if err != nil || !ok {
-					t.Errorf("Begin(%s) on a fresh key = %v, %+v, %v; want a claim", key, ok, rec, err)
-					return
-				}
-				if err := s.Complete(ctx, key, rec.Token, idempotency.Response{Status: 200, Body: []byte(key)}, time.Now(), time.Hour); err != nil {
-					t.Errorf("Complete(%s) = %v", key, err)
-					return
-				}
-				if rep, ok, err := s.Begin(ctx, key, "fp", time.Now(), time.Minute, time.Hour); err != nil || ok || string(rep.Response.Body) != key {
-					t.Errorf("replay of %s = %v, %+v, %v; want its body", key, ok, rep, err)
-					return
-				}
-				done.Add(1)
-			}
-		})
-	}
+	ctx := context.Background()
+	stop := underLoad(t, 16, func(key string) bool {
+		rec, ok, err := s.Begin(ctx, key, "fp", time.Now(), time.Minute, time.Hour)
+		if err != nil || !ok {
+			t.Errorf("Begin(%s) on a fresh key = %v, %+v, %v; want a claim", key, ok, rec, err)
+			return false
+		}
+		if err := s.Complete(ctx, key, rec.Token, idempotency.Response{Status: 200, Body: []byte(key)}, time.Now(), time.Hour); err != nil {
+			t.Errorf("Complete(%s) = %v", key, err)
+			return false
+		}
+		if rep, ok, err := s.Begin(ctx, key, "fp", time.Now(), time.Minute, time.Hour); err != nil || ok || string(rep.Response.Body) != key {
+			t.Errorf("replay of %s = %v, %+v, %v; want its body", key, ok, rep, err)
+			return false
+		}
+		done.Add(1)
+		return true
+	})
 	before := commandCalls(t, admin)
 	for range 40 {
 		time.Sleep(5 * time.Millisecond)
@@ -278,8 +267,7 @@ func TestScriptFlushUnderLoad(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	close(stop)
-	hangGuard(t, 20*time.Second, "workers", wg.Wait)
+	stop()
 	idle(t, s)
 	d := delta(before, commandCalls(t, admin))
 	t.Logf("%d keys done; %d batches carried %d operations; server: %v", done.Load(), s.batches.Load(), s.batchedOps.Load(), d)
@@ -298,42 +286,31 @@ func TestRestartUnderLoad(t *testing.T) {
 	c := newClient(t, &redis.Options{Addr: ps.addr(), PoolSize: 8, DialTimeout: 100 * time.Millisecond})
 	s := newStore(t, c, Options{OpTimeout: 300 * time.Millisecond, Logger: discard()})
 	var wrong, fails, oks atomic.Int32
-	stop := make(chan struct{})
-	var wg sync.WaitGroup
-	for w := range 16 {
-		wg.Go(func() {
-			ctx := context.Background()
-			for i := 0; ; i++ {
-				select {
-				case <-stop:
-					return
-				default:
-				}
-				key := "w" + strconv.Itoa(w) + "-" + strconv.Itoa(i)
-				rec, ok, err := s.Begin(ctx, key, key, time.Now(), time.Minute, time.Hour)
-				switch {
-				case errors.Is(err, idempotency.ErrUnavailable):
-					fails.Add(1)
-					time.Sleep(time.Millisecond)
-					continue
-				case err != nil || !ok || rec.Fingerprint != key:
-					if wrong.Add(1) <= 5 {
-						t.Errorf("Begin(%s) on a fresh key = %v, %+v, %v", key, ok, rec, err)
-					}
-					continue
-				}
-				err = s.Complete(ctx, key, rec.Token, idempotency.Response{Status: 200, Body: []byte(key)}, time.Now(), time.Hour)
-				// A Complete whose claim went with the restart is refused:
-				// ErrLeaseLost, truthfully (nothing was written).
-				if err != nil && !errors.Is(err, idempotency.ErrUnavailable) && !errors.Is(err, idempotency.ErrLeaseLost) {
-					if wrong.Add(1) <= 5 {
-						t.Errorf("Complete(%s) = %v", key, err)
-					}
-				}
-				oks.Add(1)
+	ctx := context.Background()
+	stop := underLoad(t, 16, func(key string) bool {
+		rec, ok, err := s.Begin(ctx, key, key, time.Now(), time.Minute, time.Hour)
+		switch {
+		case errors.Is(err, idempotency.ErrUnavailable):
+			fails.Add(1)
+			time.Sleep(time.Millisecond)
+			return true
+		case err != nil || !ok || rec.Fingerprint != key:
+			if wrong.Add(1) <= 5 {
+				t.Errorf("Begin(%s) on a fresh key = %v, %+v, %v", key, ok, rec, err)
 			}
-		})
-	}
+			return true
+		}
+		err = s.Complete(ctx, key, rec.Token, idempotency.Response{Status: 200, Body: []byte(key)}, time.Now(), time.Hour)
+		// A Complete whose claim went with the restart is refused:
+		// ErrLeaseLost, truthfully (nothing was written).
+		if err != nil && !errors.Is(err, idempotency.ErrUnavailable) && !errors.Is(err, idempotency.ErrLeaseLost) {
+			if wrong.Add(1) <= 5 {
+				t.Errorf("Complete(%s) = %v", key, err)
+			}
+		}
+		oks.Add(1)
+		return true
+	})
 	for range 3 {
 		time.Sleep(150 * time.Millisecond)
 		ps.kill()
@@ -341,8 +318,7 @@ func TestRestartUnderLoad(t *testing.T) {
 		ps.start()
 	}
 	time.Sleep(300 * time.Millisecond)
-	close(stop)
-	hangGuard(t, 20*time.Second, "workers", wg.Wait)
+	stop()
 	idle(t, s)
 	t.Logf("%d claims, %d failures; %d batches carried %d operations", oks.Load(), fails.Load(), s.batches.Load(), s.batchedOps.Load())
 	if fails.Load() == 0 || oks.Load() == 0 {
@@ -350,5 +326,35 @@ func TestRestartUnderLoad(t *testing.T) {
 	}
 	if _, ok, err := s.Begin(context.Background(), "after", "fp", time.Now(), time.Minute, time.Hour); err != nil || !ok {
 		t.Fatalf("Begin after the restarts = %v, %v", ok, err)
+	}
+}
+
+// underLoad runs body in n goroutines, each with fresh keys ("w<worker>-<i>")
+// one after another, until body returns false or stop is called; stop ends
+// the loops and waits for them (failing the test if they hang).
+func underLoad(t *testing.T, n int, body func(key string) bool) (stop func()) {
+	t.Helper()
+	quit := make(chan struct{})
+	var wg sync.WaitGroup
+	for w := range n {
+		wg.Go(func() {
+			for i := 0; ; i++ {
+				select {
+				case <-quit:
+					return
+				default:
+				}
+				if !body("w" + strconv.Itoa(w) + "-" + strconv.Itoa(i)) {
+					return
+				}
+			}
+		})
+	}
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			close(quit)
+			hangGuard(t, 20*time.Second, "workers", wg.Wait)
+		})
 	}
 }
