@@ -65,7 +65,8 @@
 //     ErrUnavailable, ErrFailedClosed and the original error, and no answer
 //     or write rests on that state, until the Store is closed and opened
 //     again, which reads the file as it is on disk. With New, the caller
-//     closes and reopens its DB too.
+//     closes and reopens its DB too. Store.Failed reports this state, for a
+//     liveness check (idemproxy's /healthz).
 //
 // An operator who sees ENOSPC frees space (or grows the volume); with
 // ErrFailedClosed, or EIO, they also restart the process (or Close and Open

@@ -12,7 +12,7 @@
 //
 // Every injected error wraps both idempotency.ErrUnavailable and
 // ErrInjected, and is an *InjectedError that says what was injected and
-// whether the operation was applied.
+// whether the operation may have been applied (Applied).
 package faultstore
 
 import (

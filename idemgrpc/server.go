@@ -59,7 +59,8 @@ type Options struct {
 	// Scope returns a namespace for the caller (a tenant, an authenticated
 	// principal), so that two callers choosing the same key do not collide
 	// and one caller's result is never replayed to another. nil:
-	// DefaultScope, the caller's "authorization" metadata.
+	// DefaultScope, the caller's "authorization" metadata or, without one,
+	// its TLS client certificate's identity.
 	Scope func(ctx context.Context) string
 	// Required rejects guarded calls without a key (InvalidArgument). When
 	// false (the default) they run unguarded.

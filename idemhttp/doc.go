@@ -123,7 +123,7 @@
 // operation a second time at once; storing the error would replay it for the
 // whole window. The middleware keeps the claim instead, stores nothing, and
 // lets the lease end (a retry meanwhile gets 409 in-flight; after it, the
-// retry runs). Three ways lead there, besides the client going away:
+// retry runs). Four ways lead there, besides the client going away:
 //
 //   - The Guard's Timeout ends the handler's context (with
 //     context.DeadlineExceeded, whether or not Detach is set) and the

@@ -26,8 +26,8 @@ const (
 	// holder took the key over; the response was not stored.
 	LeaseLost Outcome = "lease_lost"
 	// Released: the handler ran, its response was not stored (storage
-	// policy, Hijack, or a panic before a stored status was sent) and the
-	// key was released for an immediate retry.
+	// policy, Hijack, a panic before a stored status was sent, or
+	// runtime.Goexit) and the key was released for an immediate retry.
 	Released Outcome = "released"
 	// Abandoned: the response was not stored and the claim is kept until
 	// its lease ends (side effects may have happened), then a retry runs
@@ -36,15 +36,16 @@ const (
 	// that is not stored, when the handler called KeepClaim
 	// (Err: ErrClaimKept), when it panicked with http.ErrAbortHandler, or
 	// with anything after it sent a stored status or called KeepClaim, and
-	// when it panicked otherwise but the store refused to release the key
-	// (Err wraps the store's error).
+	// when it panicked otherwise (or called runtime.Goexit) but the store
+	// refused to release the key (Err wraps the store's error).
 	Abandoned Outcome = "abandoned"
 	// NotStored: the handler ran and its response was sent, but the store
 	// failed to record it (or, for a response not to be stored, to release
 	// the key); a retry after the lease may run again.
 	NotStored Outcome = "not_stored"
-	// NotReplayable: the key's stored result is the too-large marker; 409
-	// response-not-replayable was sent.
+	// NotReplayable: the key's stored result is the marker of a response
+	// that cannot be replayed (too large to store, or cut short when the
+	// client went away); 409 response-not-replayable was sent.
 	NotReplayable Outcome = "not_replayable"
 	// BadRequest: a missing (when required) or invalid key, or an
 	// unreadable body; 400 was sent and nothing ran.

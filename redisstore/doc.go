@@ -1,7 +1,7 @@
 // Package redisstore is an idempotency.Store on Redis (github.com/redis/go-redis/v9),
 // for a fleet of application instances sharing one dedup window. It works on
-// a single node, behind Sentinel (redis.NewFailoverClient) and on Redis
-// Cluster: New takes any redis.UniversalClient.
+// a single node, behind Sentinel (redis.NewFailoverClient), on Redis
+// Cluster and on a Ring (see Ring): New takes any redis.UniversalClient.
 //
 // # Layout and round trips
 //
@@ -19,18 +19,23 @@
 // PUBLISH to any master, maybe one that is down or failing over), and Redis
 // Cluster passes the message on to the subscribers on every node; on a Ring
 // the key's shard, and since a Ring's shards share nothing, WatchDeletes
-// subscribes on each live shard. Where the node cannot be told (no slot map
-// yet, no live shard) go-redis routes the PUBLISH itself.
+// subscribes on each live shard. Where a Cluster's master cannot be told
+// (no slot map yet) go-redis routes the PUBLISH itself; on a Ring whose
+// shard for the key is down, Delete fails with ErrUnavailable before the
+// HDEL (see Ring).
 //
 // Under load, round trips are shared: operations that arrive while another
 // is on the wire wait for it and then go out together, as one pipeline, so
 // that a busy store pays one write and one read for many operations instead
-// of one each. On Cluster each master has its own queue, so that a stalled
-// master holds up only its own keys. A lone operation goes out at once.
+// of one each. On Cluster each master, and on a Ring each shard, has its
+// own queue, so that a stalled node holds up only its own keys. A lone
+// operation goes out at once.
 // There is no goroutine behind it: the waiting callers take turns sending.
 // Each script keeps its rules (sent at most once if it writes; EVAL after
 // NOSCRIPT), and an operation whose ctx ends before its batch goes out is
-// never sent. go-redis retries no pipeline that holds a write, so a Get or
+// never sent. A batch's deadline is the latest of its operations', and the
+// caller with that deadline sends it and waits for its answer; the others
+// return at their own deadlines at the latest. go-redis retries no pipeline that holds a write, so a Get or
 // a failed dial in one fails with ErrUnavailable where, sent alone, it
 // would have been retried. Batching needs a client with
 // ContextTimeoutEnabled (a pipeline's deadline must reach the socket);

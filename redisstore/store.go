@@ -96,7 +96,8 @@ type Store struct {
 var _ idempotency.Store = (*Store)(nil)
 
 // New returns a Store on client: a *redis.Client (single node or, from
-// NewFailoverClient, Sentinel), a *redis.ClusterClient or any other
+// NewFailoverClient, Sentinel), a *redis.ClusterClient, a *redis.Ring (each
+// key kept on its own shard, see the package documentation) or any other
 // UniversalClient. It checks each server's maxmemory-policy (see the
 // package documentation); an unreachable server is not an error here, the
 // store fails closed when used.

@@ -262,7 +262,8 @@ func (h *Handler) MessageHandler(ctx context.Context) jetstream.MessageHandler {
 
 // Handle processes one message and answers it: Ack, Nak or NakWithDelay, or
 // Term. It returns the window's decision and any error of processing or of
-// sending the answer.
+// sending the answer, joined with ErrMaxDeliveries when a Nak went out on
+// the last delivery the consumer's MaxDeliver allows.
 func (h *Handler) Handle(ctx context.Context, msg jetstream.Msg) (dedup.Decision, error) {
 	id := h.msgID(msg)
 	// The heartbeat starts with fn and lasts until the result is stored (or

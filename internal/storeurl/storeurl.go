@@ -1,5 +1,5 @@
 // Package storeurl opens an idempotency.Store named by a URL, for commands
-// that take the store as a flag (cmd/idemproxy).
+// that take the store as a flag (cmd/idemproxy, cmd/idemcheck -store).
 //
 // The forms:
 //
