@@ -425,8 +425,8 @@ func (b buckets) put(key string, r *rec, old int64, hadOld bool) error {
 	return nil
 }
 
-func (b buckets) remove(key string, r *rec) error {
-	if err := b.exp.Delete(expiryKey(r.expiresAt, key)); err != nil {
+func (b buckets) remove(key string, expiresAt int64) error {
+	if err := b.exp.Delete(expiryKey(expiresAt, key)); err != nil {
 		return err
 	}
 	return b.recs.Delete(recordKey(key))
@@ -471,7 +471,7 @@ func (b buckets) sweep(now int64, limit int) (int, bool, error) {
 			// left by an older expiry (never written, but cheap to check)
 			// must not remove a record that was given a later one.
 			if v := b.recs.Get(rk); v != nil {
-				if r, err := decode(v); err != nil || r.expiresAt == at {
+				if exp, err := expiryOf(v); err != nil || exp == at {
 					if err := b.recs.Delete(rk); err != nil {
 						return removed, more, err
 					}
@@ -675,7 +675,7 @@ func (s *Store) Extend(ctx context.Context, key string, token uint64, now time.T
 // Release implements idempotency.Store.
 func (s *Store) Release(ctx context.Context, key string, token uint64) error {
 	return s.writeClaim(ctx, "release", key, token, func(b buckets, cur rec) error {
-		return b.remove(key, &cur)
+		return b.remove(key, cur.expiresAt)
 	})
 }
 
@@ -720,8 +720,8 @@ func (s *Store) Delete(ctx context.Context, key string) error {
 		if v == nil {
 			return nil
 		}
-		if cur, err := decode(v); err == nil {
-			return b.remove(key, &cur)
+		if at, err := expiryOf(v); err == nil {
+			return b.remove(key, at)
 		}
 		return b.recs.Delete(recordKey(key))
 	})

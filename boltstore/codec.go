@@ -179,6 +179,22 @@ func decode(b []byte) (rec, error) {
 	return r, nil
 }
 
+// expiryOf reads only the expiry of an encoded record: the sweep and Delete
+// need no more, and decode would copy the record's body and header.
+func expiryOf(b []byte) (int64, error) {
+	d := decoder{b: b}
+	if v := d.byte(); v != codecV1 && d.err == nil {
+		return 0, fmt.Errorf("%w: unknown version %d", errCorrupt, v)
+	}
+	if st := d.byte(); st != stateProcessing && st != stateDone && d.err == nil {
+		return 0, fmt.Errorf("%w: unknown state %d", errCorrupt, st)
+	}
+	d.uvarint() // token
+	d.varint()  // leaseUntil
+	at := d.varint()
+	return at, d.err
+}
+
 // decoder reads from b; the first error sticks and zero values follow it.
 type decoder struct {
 	b   []byte

@@ -98,6 +98,9 @@ func FuzzDecode(f *testing.F) {
 			}
 			return
 		}
+		if at, err := expiryOf(b); err != nil || at != r.expiresAt {
+			t.Fatalf("expiryOf = %d, %v; decode gave %d", at, err, r.expiresAt)
+		}
 		again, err := decode(encode(nil, &r))
 		if err != nil {
 			t.Fatalf("decode(encode(%+v)): %v", r, err)
