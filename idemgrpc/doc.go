@@ -22,12 +22,13 @@
 //
 // Keys are namespaced by Options.Scope, by default the caller's
 // "authorization" metadata or, without one, the identity in its TLS client
-// certificate (DefaultScope), so that one caller's stored response is never
-// replayed to another. Put authentication before this
+// certificate, its issuer included (DefaultScope), so that one caller's
+// stored response is never replayed to another. Put authentication before this
 // interceptor in the chain: a replay, an in-flight or a conflict answer
 // does not reach what comes after it. (Builds before DefaultScope read the
-// certificate kept such callers' keys bare: a retry whose first attempt
-// reached one runs again on a newer build.)
+// certificate kept such callers' keys bare, and builds before it read the
+// certificate's issuer scoped them without it: a retry whose first attempt
+// reached either runs again on a newer build.)
 //
 // The fingerprint is the SHA-256 of the full method name and the
 // deterministic protobuf encoding of the request

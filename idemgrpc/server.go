@@ -334,12 +334,13 @@ func fingerprint(method string, req proto.Message) (string, error) {
 // SHA-256 so that no credential reaches the store: its "authorization"
 // metadata (what gRPC's per-RPC credentials send), or, for a call without
 // one, the identity in its TLS client certificate (mTLS, as between
-// services): the certificate's subject and alternative names, which stay
-// the same when the certificate is renewed. Calls with neither share the
-// anonymous scope "". A retry made after the caller's token was renewed is
-// in another scope and runs again; set Options.Scope to the authenticated
-// principal (from an auth interceptor's context value) to avoid that, and
-// when callers are told apart otherwise.
+// services): the certificate's issuer, subject and alternative names, which
+// stay the same when the certificate is renewed (the issuer counts, so the
+// same names from two trusted CAs are two callers). Calls with neither
+// share the anonymous scope "". A retry made after the caller's token was
+// renewed is in another scope and runs again; set Options.Scope to the
+// authenticated principal (from an auth interceptor's context value) to
+// avoid that, and when callers are told apart otherwise.
 func DefaultScope(ctx context.Context) string {
 	h := sha256.New()
 	prefix := "auth:"

@@ -13,6 +13,8 @@ import (
 	"net/url"
 	"testing"
 	"time"
+
+	"github.com/archlab/idempotency/internal/testenv"
 )
 
 // identity is what a test certificate names.
@@ -120,5 +122,32 @@ func TestAppendTellsOtherNamesApart(t *testing.T) {
 	again := cert(t, identity{cn: "Users", upn: "alice@corp.example", other: true})
 	if !bytes.Equal(Append(nil, alice), Append(nil, again)) {
 		t.Error("a renewed certificate with the same UPN encodes differently")
+	}
+}
+
+// Two CAs that a server trusts may issue certificates naming the same
+// subject and alternative names; their holders are different callers, and
+// must not share a scope (one's stored response would replay to the
+// other). The issuer is taken by its name: a CA that renews its own key
+// and certificate under the same name keeps its holders' identities.
+func TestAppendTellsIssuersApart(t *testing.T) {
+	issue := func(ca *testenv.CA) *x509.Certificate {
+		t.Helper()
+		c, err := x509.ParseCertificate(ca.Issue(t, "alice", "alice.example", "spiffe://test/alice").Certificate[0])
+		if err != nil {
+			t.Fatal(err)
+		}
+		return c
+	}
+	one, two := testenv.NewCA(t, "CA one"), testenv.NewCA(t, "CA two")
+	base := Append(nil, issue(one))
+	if bytes.Equal(Append(nil, issue(two)), base) {
+		t.Error("the same names issued by two CAs encode alike")
+	}
+	if !bytes.Equal(Append(nil, issue(one)), base) {
+		t.Error("a certificate renewed by the same CA encodes differently")
+	}
+	if !bytes.Equal(Append(nil, issue(testenv.NewCA(t, "CA one"))), base) {
+		t.Error("a certificate from the same CA under a new key of its own encodes differently")
 	}
 }
