@@ -8,6 +8,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/archlab/idempotency/internal/keepclaim"
 )
 
 // Outcome says what Guard.Do did with a call.
@@ -336,13 +338,18 @@ func (g *Guard) execute(ctx context.Context, cfg config, key string, token uint6
 			return
 		}
 		// fn panicked (or called runtime.Goexit): nothing is stored and the
-		// key is given back so the retry does not wait for the lease. The
-		// panic goes on with its original stack.
+		// key is given back so the retry does not wait for the lease,
+		// unless fn asked for the claim to be kept (an adapter whose
+		// handler announced its work done, see keepclaim): then it stays
+		// until its lease ends, as after a crash. The panic goes on with
+		// its original stack.
 		if r != nil {
 			r.stop()
 		}
 		c.finish()
-		_ = g.Store.Release(wctx, key, token)
+		if !c.keep.IsSet() {
+			_ = g.Store.Release(wctx, key, token)
+		}
 	}()
 	resp, ferr := fn(c)
 	finished = true
@@ -419,11 +426,12 @@ type claimCtx struct {
 
 	mu     sync.Mutex
 	done   chan struct{}
-	ended  bool         // the lease was lost or fn returned: c is done whatever its parent
-	err    error        // the first non-nil Err, kept: Err must not change after
-	proven bool         // the store said so (ErrLeaseLost), not just the clock
-	stopFn func() bool  // unlinks from the parent's cancellation (see linkLocked)
-	afters []*afterCall // functions to run when c is done
+	ended  bool           // the lease was lost or fn returned: c is done whatever its parent
+	err    error          // the first non-nil Err, kept: Err must not change after
+	proven bool           // the store said so (ErrLeaseLost), not just the clock
+	keep   keepclaim.Flag // set: fn ends without returning, the claim stays (atomic, not mu's)
+	stopFn func() bool    // unlinks from the parent's cancellation (see linkLocked)
+	afters []*afterCall   // functions to run when c is done
 }
 
 // AfterFunc arranges for f to run, in its own goroutine, once c is done:
@@ -473,8 +481,11 @@ func (a *afterCall) run() {
 func (a *afterCall) stop() bool { return a.state.CompareAndSwap(0, 2) }
 
 func (c *claimCtx) Value(key any) any {
-	if key == (claimKey{}) {
+	switch key {
+	case claimKey{}:
 		return c
+	case keepclaim.Key{}:
+		return &c.keep
 	}
 	return c.Context.Value(key)
 }

@@ -116,6 +116,14 @@ func (cw *captureWriter) serve(next http.Handler, hw *handlerWriter, r *http.Req
 // kept reports whether the handler called KeepClaim.
 func (cw *captureWriter) kept() bool { return cw.claim.Load()&1 != 0 }
 
+// announced reports whether the handler sent a status that is stored or
+// called KeepClaim (and did not hijack the connection): it has told the
+// client its work is done, or that its outcome is unknown, so a handler
+// that then ends abruptly (a panic, runtime.Goexit) keeps the claim.
+func (cw *captureWriter) announced() bool {
+	return !cw.hijacked && (cw.kept() || (cw.status != 0 && cw.m.storeStatus(cw.status)))
+}
+
 // keepClaim sets the kept bit if token is still cw's handler's.
 func (cw *captureWriter) keepClaim(token uint64) bool {
 	return cw.claim.CompareAndSwap(token, token|1) || cw.claim.Load() == token|1
@@ -231,15 +239,27 @@ func (cw *captureWriter) WriteHeader(code int) {
 	case te != "" || len(cw.trailers) > 0:
 		cw.chunking = 1
 	}
+	conn := false
 	for k, v := range h {
 		if cw.chunking == 0 && strings.HasPrefix(k, http.TrailerPrefix) {
 			cw.chunking = 1 // net/http chunks a body with trailers set so
 		}
+		conn = conn || isConnection(k)
 		if ov, ok := cw.outer[k]; ok && slices.Equal(ov, v) {
 			continue // an outer handler's field, as it set it
 		}
 		if m.storable(k) {
 			cw.header[k] = v
+		}
+	}
+	if conn {
+		// The fields Connection names are the connection's, whatever the
+		// StoreHeader policy said of each name; the live response keeps
+		// them, for net/http to send as it sees fit.
+		for k := range cw.header {
+			if connectionNamed(h, k) {
+				delete(cw.header, k)
+			}
 		}
 	}
 	if m.windowHeader != "" && !cw.kept() && m.storeStatus(code) {
@@ -249,6 +269,34 @@ func (cw *captureWriter) WriteHeader(code int) {
 		h[m.windowHeader] = []string{m.window.format(m.now().Add(m.retention))}
 	}
 	cw.w.WriteHeader(code)
+}
+
+// isConnection reports whether k names the Connection field, in any case
+// (net/http sends a field whatever the case of its name).
+func isConnection(k string) bool {
+	return len(k) == len("Connection") && strings.EqualFold(k, "Connection")
+}
+
+// connectionNamed reports whether the field name k is listed in h's
+// Connection field (under a name in any case): such a field is hop-by-hop
+// (RFC 9110, section 7.6.1), meant for the one connection it went out on.
+func connectionNamed(h map[string][]string, k string) bool {
+	if k == "" {
+		return false
+	}
+	for ck, vals := range h {
+		if !isConnection(ck) {
+			continue
+		}
+		for _, v := range vals {
+			for name := range strings.SplitSeq(v, ",") {
+				if strings.EqualFold(strings.TrimSpace(name), k) {
+					return true
+				}
+			}
+		}
+	}
+	return false
 }
 
 // first is h's first value of the canonical name k, or "".

@@ -16,8 +16,8 @@
 //
 // The key is stored as scope + "\x00" + key (StoreKey), where the scope is
 // Options.Scope(r) (by default a hash of the Authorization header, or of the
-// TLS client certificate's identity without one, see DefaultScope): one
-// caller's response is never replayed to another.
+// TLS client certificate's identity, its issuer included, without one, see
+// DefaultScope): one caller's response is never replayed to another.
 //
 // The fingerprint is the hex SHA-256 of the method, the escaped path
 // (URL.EscapedPath: as sent, so /a%2Fb is neither /a/b nor /a%252Fb), the
@@ -41,8 +41,9 @@
 // path and the semicolon pairs): a record stored by a build with another
 // version is a conflict for the same request, never a replay nor a second
 // run. The scope of a request with a TLS client certificate and no
-// Authorization header was "" before DefaultScope read the certificate:
-// such a retry is in a new scope, and runs again.
+// Authorization header was "" before DefaultScope read the certificate,
+// and left the certificate's issuer out before the issuer was made part of
+// it: either way such a retry is in a new scope, and runs again.
 //
 // # Outcomes
 //
@@ -54,7 +55,9 @@
 //   - Replayed: the stored status, header fields and body, with
 //     Idempotent-Replayed: true. net/http sets Date, Content-Length and the
 //     sniffed Content-Type again; Set-Cookie is not stored (DefaultStoreHeader,
-//     which, like StoreHeader, judges a field by its canonical name).
+//     which, like StoreHeader, judges a field by its canonical name), nor
+//     are Connection and the fields it names (hop-by-hop, whatever the
+//     policy; the first response sends them as the handler set them).
 //     Fields an outer handler set before the middleware ran (a request id,
 //     CORS) are not stored unless the handler changed them: a replay keeps
 //     the retry's own.
@@ -142,16 +145,17 @@
 //     cut short, retries) or called KeepClaim. The panic is passed on after
 //     the claim is settled, as an error whose message holds the value and
 //     the stack where it was raised (Unwrap gives the value if it is an
-//     error).
+//     error). A handler that calls runtime.Goexit in the same situation
+//     (t.FailNow in a test handler, or a library that stops its goroutine
+//     so) keeps the claim too; Goexit goes on, since nothing can stop it,
+//     and the Guard, told before it sees the handler's goroutine end, lets
+//     the claim be (Event.Err says Goexit).
 //
 // The Observer sees Abandoned in each case. Any other panic (before a
 // status was sent, or after one that is not stored) releases the key and
 // goes on as it was raised (the middleware tries the Release a second time
 // if the Guard's failed; if that fails too, the claim stays until its lease
-// ends, and the Observer sees Abandoned). A handler that calls
-// runtime.Goexit (t.FailNow in a test) has the key released the same way,
-// whatever status it sent: unlike a panic, Goexit cannot be held while the
-// Guard settles the claim.
+// ends, and the Observer sees Abandoned); so does any other Goexit.
 //
 // # Operator tools
 //

@@ -19,6 +19,7 @@ import (
 
 	"github.com/archlab/idempotency"
 	"github.com/archlab/idempotency/internal/certid"
+	"github.com/archlab/idempotency/internal/keepclaim"
 )
 
 // Defaults for the zero values of Options.
@@ -46,6 +47,7 @@ var (
 	errPanicKept        = errors.New("idemhttp: handler panicked and the key could not be released; claim kept until the lease ends")
 	errAborted          = errors.New("idemhttp: handler aborted the response (http.ErrAbortHandler); claim kept until the lease ends")
 	errPanicAfterStatus = errors.New("idemhttp: handler panicked after it sent a status that is stored (or called KeepClaim); claim kept until the lease ends")
+	errGoexitKept       = errors.New("idemhttp: handler called runtime.Goexit after it sent a status that is stored (or called KeepClaim); claim kept until the lease ends")
 	errBodyTooLarge     = errors.New("idemhttp: request body too large")
 )
 
@@ -101,8 +103,10 @@ type Options struct {
 	StoreStatus func(status int) bool
 	// StoreHeader says whether a response header field is stored and
 	// replayed. It gets the field's canonical name, whatever the case the
-	// handler set it in. nil: DefaultStoreHeader. The window header and
-	// Idempotent-Replayed are never stored.
+	// handler set it in. nil: DefaultStoreHeader. The window header,
+	// Idempotent-Replayed, Connection and the fields that Connection names
+	// (hop-by-hop, RFC 9110 section 7.6.1) are never stored, whatever it
+	// says.
 	StoreHeader func(name string) bool
 	// ConflictStatus is the status for a key reused with another request:
 	// 422 (the default, per the draft) or 409 (draft issue #42).
@@ -295,7 +299,10 @@ func DefaultStoreStatus(status int) bool {
 // and Set-Cookie: a session cookie must not be handed out again days later,
 // after the client rotated or ended its session, nor sit in the store.
 // Names are compared in their canonical form: field names are
-// case-insensitive, and a handler may set w.Header()["set-cookie"].
+// case-insensitive, and a handler may set w.Header()["set-cookie"]. The
+// fields that a response's Connection names are hop-by-hop too; a name
+// alone does not tell them, so the middleware leaves them out itself,
+// whatever the policy.
 func DefaultStoreHeader(name string) bool {
 	switch textproto.CanonicalMIMEHeaderKey(name) {
 	case "Connection", "Keep-Alive", "Proxy-Connection", "Proxy-Authenticate", "Proxy-Authorization",
@@ -309,12 +316,13 @@ func DefaultStoreHeader(name string) bool {
 // SHA-256 so that no credential reaches the store: the request's
 // Authorization header or, for a request without one, the identity in its
 // TLS client certificate (mTLS, as between services): the certificate's
-// subject and alternative names, which stay the same when the certificate
-// is renewed. Requests with neither share the anonymous scope "". A retry
-// sent after the caller's token was renewed is in another scope and runs
-// again. Set Options.Scope when callers are told apart otherwise (session
-// cookies, an auth middleware's context value) or by a principal that
-// outlives its tokens.
+// issuer, subject and alternative names, which stay the same when the
+// certificate is renewed (the issuer counts, so the same names from two
+// trusted CAs are two callers). Requests with neither share the anonymous
+// scope "". A retry sent after the caller's token was renewed is in another
+// scope and runs again. Set Options.Scope when callers are told apart
+// otherwise (session cookies, an auth middleware's context value) or by a
+// principal that outlives its tokens.
 func DefaultScope(r *http.Request) string {
 	var scratch []byte
 	return string(appendDefaultScope(nil, &scratch, r))
@@ -350,8 +358,10 @@ func (m *Middleware) storable(name string) bool {
 		return false
 	}
 	name = textproto.CanonicalMIMEHeaderKey(name)
-	// Trailer is rebuilt on replay from the stored trailers.
-	if name == ReplayedHeader || name == m.windowHeader || name == "Trailer" {
+	// Trailer is rebuilt on replay from the stored trailers. Connection
+	// is the connection's, and so are the fields it names (which
+	// captureWriter.WriteHeader drops, since they are known only from it).
+	if name == ReplayedHeader || name == m.windowHeader || name == "Trailer" || name == "Connection" {
 		return false
 	}
 	if m.storeHeader != nil {
@@ -392,6 +402,9 @@ type state struct {
 	key     []byte
 	// token is the claim's fencing token once the handler runs.
 	token uint64
+	// goexitKept: the handler called runtime.Goexit after it sent a
+	// stored status or called KeepClaim, and the Guard kept the claim.
+	goexitKept bool
 }
 
 // maxPooledBuffer bounds the buffers kept in the pool; a larger one (after
@@ -562,11 +575,18 @@ func (m *Middleware) serve(next http.Handler, w http.ResponseWriter, r *http.Req
 	cw.reset(w, m)
 	finished := false
 	var panicked *handlerPanic // passed on once the Guard kept the claim
-	st.token = 0
+	st.token, st.goexitKept = 0, false
 	defer func() {
-		if !finished {
-			m.afterPanic(r, storeKey, st.token, cw.status, start)
+		if finished {
+			return
 		}
+		if st.goexitKept {
+			// runtime.Goexit after a stored status or KeepClaim: the
+			// Guard kept the claim, as for a panic then.
+			m.observe(r, Abandoned, cw.status, start, errGoexitKept)
+			return
+		}
+		m.afterPanic(r, storeKey, st.token, cw.status, start)
 	}()
 	fn := func(ctx context.Context) (resp idempotency.Response, err error) {
 		st.token, _ = idempotency.TokenFrom(ctx)
@@ -583,6 +603,7 @@ func (m *Middleware) serve(next http.Handler, w http.ResponseWriter, r *http.Req
 		} else {
 			hw = &handlerWriter{}
 		}
+		served := false
 		defer func() {
 			// http.ErrAbortHandler is how a handler (ReverseProxy, when the
 			// upstream breaks off mid-body) says the response is cut short
@@ -594,20 +615,33 @@ func (m *Middleware) serve(next http.Handler, w http.ResponseWriter, r *http.Req
 			// case, and goes on once the Guard is through. Any other panic
 			// goes on from here, so its stack is intact, and the Guard
 			// releases the key.
-			if v := recover(); v != nil {
-				switch {
-				case v == http.ErrAbortHandler:
-					cw.aborted = true
-					resp, err = idempotency.Response{}, errAborted
-				case !cw.hijacked && (cw.kept() || (cw.status != 0 && m.storeStatus(cw.status))):
-					panicked = &handlerPanic{value: v, stack: debug.Stack()}
-					resp, err = idempotency.Response{}, fmt.Errorf("%w: %v", errPanicAfterStatus, v)
-				default:
-					panic(v)
+			v := recover()
+			if v == nil {
+				if served || !cw.announced() {
+					return // fn returns, or the Guard releases the key
 				}
+				// runtime.Goexit (t.FailNow, a library giving up so), which
+				// nothing can hold: the Guard is asked to keep the claim
+				// when it sees fn end, as the panic's case below does.
+				if f := keepclaim.From(ctx); f != nil {
+					f.Set()
+					st.goexitKept = true
+				}
+				return
+			}
+			switch {
+			case v == http.ErrAbortHandler:
+				cw.aborted = true
+				resp, err = idempotency.Response{}, errAborted
+			case cw.announced():
+				panicked = &handlerPanic{value: v, stack: debug.Stack()}
+				resp, err = idempotency.Response{}, fmt.Errorf("%w: %v", errPanicAfterStatus, v)
+			default:
+				panic(v)
 			}
 		}()
 		cw.serve(next, hw, r2)
+		served = true
 		return m.result(cw, r, ctx)
 	}
 	res, err := m.guard.Run(ctx, storeKey, fp, fn)
@@ -783,12 +817,24 @@ func (m *Middleware) replay(w http.ResponseWriter, res idempotency.Result) (Outc
 	}
 	h := w.Header()
 	var trailers []string
+	conn := false
 	for k, v := range resp.Header {
 		if strings.HasPrefix(k, trailerKey) {
 			trailers = append(trailers, k[len(trailerKey):])
 			continue
 		}
+		conn = conn || isConnection(k)
 		h[k] = v
+	}
+	if conn {
+		// Stored before Connection was always left out (a StoreHeader
+		// policy that kept it): it and the fields it names were the first
+		// response's connection's.
+		for k := range resp.Header {
+			if isConnection(k) || connectionNamed(resp.Header, k) {
+				delete(h, k)
+			}
+		}
 	}
 	if trailers != nil {
 		h["Trailer"] = trailers
@@ -817,8 +863,9 @@ func (m *Middleware) replay(w http.ResponseWriter, res idempotency.Result) (Outc
 }
 
 // afterPanic runs when the handler panicked (with anything but
-// http.ErrAbortHandler) or called runtime.Goexit, once the Guard has tried
-// to release the claim named by token. The Guard cannot report a Release
+// http.ErrAbortHandler) or called runtime.Goexit, before it sent a stored
+// status or called KeepClaim, once the Guard has tried to release the
+// claim named by token. The Guard cannot report a Release
 // that failed then, so the middleware releases it once more: a claim left
 // behind by a store blip would make every retry wait out the lease. If the
 // store still refuses, the claim stays until its lease ends, and the

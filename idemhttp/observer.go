@@ -26,8 +26,8 @@ const (
 	// holder took the key over; the response was not stored.
 	LeaseLost Outcome = "lease_lost"
 	// Released: the handler ran, its response was not stored (storage
-	// policy, Hijack, a panic before a stored status was sent, or
-	// runtime.Goexit) and the key was released for an immediate retry.
+	// policy, Hijack, a panic or runtime.Goexit before a stored status
+	// was sent) and the key was released for an immediate retry.
 	Released Outcome = "released"
 	// Abandoned: the response was not stored and the claim is kept until
 	// its lease ends (side effects may have happened), then a retry runs
@@ -35,9 +35,10 @@ const (
 	// ended the handler's context, and the handler answered with a status
 	// that is not stored, when the handler called KeepClaim
 	// (Err: ErrClaimKept), when it panicked with http.ErrAbortHandler, or
-	// with anything after it sent a stored status or called KeepClaim, and
-	// when it panicked otherwise (or called runtime.Goexit) but the store
-	// refused to release the key (Err wraps the store's error).
+	// with anything (or called runtime.Goexit) after it sent a stored
+	// status or called KeepClaim, and when it panicked otherwise (or called
+	// runtime.Goexit) but the store refused to release the key (Err wraps
+	// the store's error).
 	Abandoned Outcome = "abandoned"
 	// NotStored: the handler ran and its response was sent, but the store
 	// failed to record it (or, for a response not to be stored, to release

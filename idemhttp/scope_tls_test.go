@@ -2,10 +2,12 @@ package idemhttp
 
 import (
 	"crypto/tls"
+	"crypto/x509"
 	"io"
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -68,5 +70,66 @@ func TestDefaultScopeSeparatesTLSClients(t *testing.T) {
 	}
 	if runs != 2 {
 		t.Errorf("handler ran %d times, want 2 (once per caller)", runs)
+	}
+}
+
+// TestDefaultScopeSeparatesIssuers: a server that trusts two CAs may see
+// the same subject and alternative names in certificates from each; their
+// holders are different callers (a partner's CA may name its own "alice"),
+// so the second one's request runs instead of getting the first one's
+// stored response.
+func TestDefaultScopeSeparatesIssuers(t *testing.T) {
+	one, two := testenv.NewCA(t, "idemhttp test CA one"), testenv.NewCA(t, "idemhttp test CA two")
+	clients := x509.NewCertPool()
+	clients.AddCert(one.Cert)
+	clients.AddCert(two.Cert)
+	g, err := idempotency.NewGuard(idempotency.NewMemoryStore(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mw, err := New(g, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var runs atomic.Int64
+	srv := httptest.NewUnstartedServer(mw.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		runs.Add(1)
+		w.WriteHeader(http.StatusCreated)
+		_, _ = io.WriteString(w, "answer for "+r.TLS.PeerCertificates[0].Issuer.CommonName)
+	})))
+	srv.TLS = &tls.Config{
+		Certificates: []tls.Certificate{one.Issue(t, "server", "127.0.0.1")},
+		ClientCAs:    clients, ClientAuth: tls.RequireAndVerifyClientCert, MinVersion: tls.VersionTLS13,
+	}
+	srv.StartTLS()
+	t.Cleanup(srv.Close)
+
+	post := func(cert tls.Certificate) (string, bool) {
+		t.Helper()
+		c := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{
+			RootCAs: one.Pool, Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS13,
+		}}}
+		defer c.CloseIdleConnections()
+		req, _ := http.NewRequest(http.MethodPost, srv.URL+"/orders", strings.NewReader("{}"))
+		req.Header.Set("Idempotency-Key", `"k-mtls"`)
+		resp, err := c.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return string(b), resp.Header.Get(ReplayedHeader) == "true"
+	}
+	if got, _ := post(one.Issue(t, "alice", "127.0.0.1", "spiffe://test/alice")); got != "answer for idemhttp test CA one" {
+		t.Fatalf("alice of CA one: %q", got)
+	}
+	if got, replayed := post(two.Issue(t, "alice", "127.0.0.1", "spiffe://test/alice")); got != "answer for idemhttp test CA two" || replayed {
+		t.Errorf("alice of CA two got %q (replayed %v), want her own execution", got, replayed)
+	}
+	if got, replayed := post(one.Issue(t, "alice", "127.0.0.1", "spiffe://test/alice")); got != "answer for idemhttp test CA one" || !replayed {
+		t.Errorf("alice of CA one with a renewed certificate got %q (replayed %v), want her stored answer", got, replayed)
+	}
+	if n := runs.Load(); n != 2 {
+		t.Errorf("handler ran %d times, want 2 (once per issuer)", n)
 	}
 }
