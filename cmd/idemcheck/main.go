@@ -63,8 +63,9 @@ type config struct {
 	concurrency int
 	verbose     bool
 
-	store  string
-	unsafe bool // demo: serve without the middleware (hidden, for tests)
+	store     string
+	visualize string // -store: where porcupine draws illegal histories ("": nowhere)
+	unsafe    bool   // demo: serve without the middleware (hidden, for tests)
 
 	target         string
 	headers        []http.Header
@@ -143,10 +144,14 @@ func parse(args []string, stderr io.Writer) (*config, error) {
 	fs.SetOutput(stderr)
 	fs.Usage = func() {
 		fmt.Fprint(stderr, `usage:
-  idemcheck [-seed N] [-duration D] [-store URL]      demo (with -store: certify the store first)
+  idemcheck [-seed N] [-duration D] [-concurrency N] [-v]
+            [-store URL [-visualize DIR]]        demo (with -store: certify the store first)
   idemcheck -target URL [-as NAME] [-header 'Name: value']... [-body TEMPLATE]
-            [-conflict-status 422|409] [-requests N] [-concurrency N] [-window D]
-            [-executions URL]
+            [-conflict-status 422|409] [-requests N] [-concurrency N] [-timeout D]
+            [-window D] [-executions URL] [-seed N]
+
+Exit status: 0 when every check held, 1 when one did not or none was judged
+(or the run could not be carried out), 2 on a usage error.
 
 Credential sets for -target: -header flags before any -as go to every
 request; each -as NAME starts a set, and the -header flags after it belong to
@@ -172,11 +177,12 @@ flags:
 	}
 	fs.Int64Var(&cfg.seed, "seed", 0, "seed of every random choice (default: time-based, printed)")
 	fs.DurationVar(&cfg.duration, "duration", 0, "demo: how long to send load (default 20s, at most "+maxDuration.String()+")")
-	fs.IntVar(&cfg.concurrency, "concurrency", 8, "demo: concurrent clients; target: concurrent duplicates per key (default 16 there)")
+	fs.IntVar(&cfg.concurrency, "concurrency", 0, "demo: concurrent clients (default 8); target: concurrent duplicates per key, 2 to 256 (default 16)")
 	fs.BoolVar(&cfg.verbose, "v", false, "verbose: the demo server's log on stderr")
-	fs.StringVar(&cfg.store, "store", "", "store URL (memory, bolt:PATH, redis://..., redis+cluster://..., postgres://...): certify it, then run the demo on it")
+	fs.StringVar(&cfg.store, "store", "", "store `URL` (memory, bolt:PATH, redis://..., redis+cluster://..., postgres://...): certify it, then run the demo on it")
+	fs.StringVar(&cfg.visualize, "visualize", "", "store: write porcupine's drawing of each key history that is not linearizable into `DIR`, an existing directory (default: none written)")
 	fs.BoolVar(&cfg.unsafe, "unsafe-demo", false, "")
-	fs.StringVar(&cfg.target, "target", "", "black-box mode: the URL to POST to")
+	fs.StringVar(&cfg.target, "target", "", "black-box mode: the `URL` to POST to")
 	fs.Func("header", "target: a request `header` 'Name: value' (repeatable; see -as)", hs.addHeader)
 	fs.Func("as", "target: start a credential set `NAME`; the -header flags after it belong to it", hs.startSet)
 	fs.StringVar(&cfg.body, "body", `{"sku":"sku-1","qty":1,"cents":1299,"ref":"{{unique}}"}`,
@@ -206,8 +212,18 @@ flags:
 	if cfg.duration < 0 || cfg.duration > maxDuration {
 		badf("-duration %v: give at most %v (0: the default)", cfg.duration, maxDuration)
 	}
-	if cfg.concurrency < 1 || cfg.concurrency > 256 {
+	if set["concurrency"] && (cfg.concurrency < 1 || cfg.concurrency > 256) {
 		badf("-concurrency %d: give 1 to 256", cfg.concurrency)
+	}
+	if cfg.visualize != "" {
+		switch fi, err := os.Stat(cfg.visualize); {
+		case cfg.store == "":
+			badf("-visualize needs -store: it draws the store certification's histories")
+		case err != nil:
+			badf("-visualize %s: %v", cfg.visualize, err)
+		case !fi.IsDir():
+			badf("-visualize %s: not a directory", cfg.visualize)
+		}
 	}
 	if cfg.target == "" {
 		if cfg.store != "" {
@@ -261,15 +277,15 @@ flags:
 			badf("-concurrency %d: with -target it is the number of duplicates sent at once; give 2 to 256", cfg.concurrency)
 		}
 		cfg.headers = hs.resolve()
-		if !set["concurrency"] {
-			cfg.concurrency = 0 // blackbox's own default
-		}
 	}
 	if len(bad) > 0 {
 		return nil, usageError{errors.New(strings.Join(bad, "; "))}
 	}
 	if cfg.duration == 0 && cfg.target == "" {
 		cfg.duration = 20 * time.Second
+	}
+	if cfg.concurrency == 0 && cfg.target == "" {
+		cfg.concurrency = 8 // with -target, 0 is blackbox's own default
 	}
 	return cfg, nil
 }
@@ -356,7 +372,7 @@ func runDemoMode(ctx context.Context, cfg *config, rep *verdict.Report, prog *pr
 	if cfg.store != "" {
 		fmt.Fprintf(prog.w, "certifying store %s\n", storeurl.Redact(cfg.store))
 		if err := storecert.Run(ctx, cfg.store, storecert.Options{Seed: cfg.seed, Duration: cfg.duration,
-			Concurrency: cfg.concurrency, Progress: prog.lines()}, rep); err != nil {
+			Concurrency: cfg.concurrency, Progress: prog.lines(), Visualize: cfg.visualize}, rep); err != nil {
 			return fmt.Errorf("store certification: %w", err)
 		}
 		prog.finish()

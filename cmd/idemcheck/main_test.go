@@ -114,6 +114,10 @@ func TestUsageErrors(t *testing.T) {
 		{"one duplicate", []string{"-target", "http://127.0.0.1:1/", "-concurrency", "1"}, "-concurrency 1"},
 		{"executions without target", []string{"-executions", "http://127.0.0.1:1/n"}, "-executions needs -target"},
 		{"executions not http", []string{"-target", "http://127.0.0.1:1/", "-executions", "file:///n"}, "-executions"},
+		{"visualize without store", []string{"-visualize", "."}, "-visualize needs -store"},
+		{"visualize with target", []string{"-target", "http://127.0.0.1:1/", "-visualize", "."}, "-visualize needs -store"},
+		{"visualize missing directory", []string{"-store", "memory", "-visualize", "/nonexistent/idemcheck"}, "-visualize"},
+		{"visualize a file", []string{"-store", "memory", "-visualize", "main.go"}, "not a directory"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			code, out, errOut := runCmd(t, tc.args...)

@@ -188,12 +188,13 @@ type checker struct {
 	// settles do not wait (see settle).
 	stuck bool
 
-	// probed: the preflight's two fresh requests both succeeded, so that
-	// identifies was found out (else it is taken to be true, and the
-	// checks compare answers, since nothing says they cannot).
+	// probed: whether identifies is known: the preflight's fresh requests
+	// all succeeded, or two of them were answered alike (else it is taken
+	// to be true, and the checks compare answers, since nothing says they
+	// cannot).
 	probed bool
-	// identifies: two executions of one body give different answers,
-	// the keys they echo aside.
+	// identifies: executions of one body give different answers, the
+	// keys they echo aside (no two of the preflight's alike).
 	identifies bool
 	// bodyIdentifies: the bodies alone do (else Location does too).
 	bodyIdentifies bool
@@ -208,9 +209,8 @@ type checker struct {
 	markedReplays, unmarkedReplays int
 	unmarked                       []string
 	markFailures                   int
-	// mayHaveRun holds the operations sent, for CheckExecutions: true for
-	// one that may have run (some answer other than 4xx, or none).
-	mayHaveRun map[operation]bool
+	// ops holds the operations sent, for CheckExecutions.
+	ops map[operation]opRecord
 }
 
 func newChecker(cfg Config, rep *verdict.Report, progress io.Writer) (*checker, error) {
@@ -409,11 +409,11 @@ func (c *checker) post(ctx context.Context, hdr http.Header, req request) (reply
 	hr.Header.Set("Idempotency-Key", quoteKey(req.key))
 	resp, err := c.client.Do(hr)
 	if err != nil {
-		c.sent(hdr, req.key, req.body, 0)
+		c.sent(hdr, req.key, req.body, reply{})
 		return reply{}, c.heard(err)
 	}
 	defer resp.Body.Close()
-	c.sent(hdr, req.key, req.body, resp.StatusCode)
+	c.sent(hdr, req.key, req.body, reply{status: resp.StatusCode, header: resp.Header})
 	body, err := io.ReadAll(io.LimitReader(resp.Body, maxBody))
 	if err != nil {
 		return reply{}, c.heard(fmt.Errorf("reading the response: %w", err))

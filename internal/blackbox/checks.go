@@ -70,33 +70,65 @@ func (c *checker) finishMarked() {
 	}
 }
 
+// identityProbes is the number of fresh keys the preflight sends one body
+// under. Two would do for answers that name each execution (an order id);
+// more catch answers that differ between some executions only, since they
+// come from a small pool (the node or shard that served the request, a
+// coarse clock): any two alike, keys aside, and a second execution may
+// answer like the first.
+const identityProbes = 4
+
 // preflight reaches the target (an error if it cannot) and finds out
-// whether its answers identify executions: one body under two fresh keys.
+// whether its answers identify executions: one body under identityProbes
+// fresh keys, every 2xx answer compared with every other.
 func (c *checker) preflight(ctx context.Context) error {
-	a := c.next()
-	ra, err := c.post(ctx, c.creds(), a)
-	if err != nil {
-		return fmt.Errorf("blackbox: target %s unreachable: %w", c.target.Redacted(), err)
+	body := c.next().body
+	type probe struct {
+		body     []byte // the answer's body, its key taken out
+		location string // its Location, its key taken out
 	}
-	c.fresh(a, ra)
-	b := request{key: c.next().key, body: a.body}
-	rb, err := c.post(ctx, c.creds(), b)
-	if err != nil {
-		return fmt.Errorf("blackbox: target %s unreachable: %w", c.target.Redacted(), err)
+	var answers []probe
+	c.bodyIdentifies, c.identifies = true, true
+	for i := range identityProbes {
+		req := request{key: c.next().key, body: body}
+		r, err := c.post(ctx, c.creds(), req)
+		switch {
+		case err != nil && i == 0:
+			return fmt.Errorf("blackbox: target %s unreachable: %w", c.target.Redacted(), err)
+		case err != nil:
+			// It answered before: whether it has stopped is for heard
+			// to find out.
+			c.rep.Fail(CheckFresh, "key %s: a fresh request failed: %v", req.key, err)
+			continue
+		}
+		c.fresh(req, r)
+		if !r.ok() {
+			continue
+		}
+		// An answer that names its key (a resource whose id is the key)
+		// but nothing else unique to the execution differs from key to
+		// key, and is the same bytes however often one key runs: compare
+		// the answers without the keys. The created resource may be
+		// named by Location alone (201, a body that is the same for
+		// every execution).
+		p := probe{body: bytes.ReplaceAll(r.body, []byte(req.key), nil),
+			location: strings.ReplaceAll(r.field("Location"), req.key, "")}
+		for _, q := range answers {
+			if bytes.Equal(p.body, q.body) {
+				c.bodyIdentifies = false
+				if p.location == q.location {
+					c.identifies = false
+				}
+			}
+		}
+		answers = append(answers, p)
 	}
-	c.fresh(b, rb)
-	// An answer that names its key (a resource whose id is the key) but
-	// nothing else unique to the execution differs from key to key, and
-	// is the same bytes however often one key runs: compare the answers
-	// without the keys. The created resource may be named by Location
-	// alone (201, a body that is the same for every execution).
-	ea, eb := bytes.ReplaceAll(ra.body, []byte(a.key), nil), bytes.ReplaceAll(rb.body, []byte(b.key), nil)
-	la, lb := strings.ReplaceAll(ra.field("Location"), a.key, ""), strings.ReplaceAll(rb.field("Location"), b.key, "")
-	both := ra.ok() && rb.ok()
-	c.probed = both
-	c.bodyIdentifies = !(both && bytes.Equal(ea, eb))
-	c.identifies = c.bodyIdentifies || !(both && la == lb)
-	if !both {
+	// Known: every probe was answered 2xx, or two were alike (then the
+	// answers cannot identify executions, whatever the others were). Else
+	// the answers are taken to identify executions, and the checks compare
+	// them, since nothing says they cannot.
+	c.probed = len(answers) == identityProbes || !c.identifies
+	if !c.probed {
 		c.logf("note: the target refused a fresh request; whether its answers identify executions is unknown")
 	} else if !c.identifies {
 		c.logf("note: two executions of one body answered the same bytes (the keys aside); double execution is invisible")
@@ -148,8 +180,8 @@ func (c *checker) finishVisible() {
 	marks := c.markedReplays > 0
 	c.mu.Unlock()
 	if !c.probed && !marks {
-		c.rep.Skip(CheckVisible, "the two fresh requests that show whether the answers identify executions did not "+
-			"both succeed (see "+strconv.Quote(CheckFresh)+"), and no replay was marked "+ReplayedHeader+": true")
+		c.rep.Skip(CheckVisible, "the fresh requests that show whether the answers identify executions did not "+
+			"all succeed (see "+strconv.Quote(CheckFresh)+"), and no replay was marked "+ReplayedHeader+": true")
 		return
 	}
 	c.rep.Check(CheckVisible, c.identifies || marks, "two executions of one body answered the same bytes (the keys aside) "+
@@ -503,6 +535,7 @@ func (c *checker) checkPayload(ctx context.Context) {
 			"key %s: a different body answered %s, want %d (first answer %s)", req.key, r2, c.cfg.ConflictStatus, r1) {
 			continue
 		}
+		c.refused(c.creds(), alt.key, alt.body)
 		r3, err := c.settle(ctx, c.creds(), req)
 		if err != nil {
 			c.rep.Fail(CheckPayload, "key %s: the original body after the conflict failed: %v", req.key, err)
@@ -536,7 +569,10 @@ func (c *checker) checkMalformed(ctx context.Context) {
 		}
 		body := c.next().body
 		r, err := c.exchangeRaw(ctx, c.rawRequest(c.creds(), []string{tc.value}, body))
-		c.sent(c.creds(), "malformed:"+tc.value, body, r.status)
+		c.sent(c.creds(), "malformed:"+tc.value, body, r)
+		if err == nil && r.status == http.StatusBadRequest {
+			c.refused(c.creds(), "malformed:"+tc.value, body)
+		}
 		if err != nil {
 			c.rep.Fail(CheckMalformed, "Idempotency-Key %s (%s): request failed: %v", strconv.Quote(tc.value), tc.what, err)
 			continue
@@ -606,7 +642,7 @@ func (c *checker) checkLost(ctx context.Context) {
 		case leftWhileRunning:
 			first, err = c.sendAndLeave(ctx, raw)
 		}
-		c.sent(c.creds(), req.key, req.body, first.status)
+		c.sent(c.creds(), req.key, req.body, first)
 		if err != nil {
 			c.rep.Fail(CheckLost, "key %s (%s): sending the request failed: %v", req.key, lostNames[variant], err)
 			continue
@@ -717,6 +753,7 @@ func (c *checker) checkScope(ctx context.Context) {
 			problems = append(problems, fmt.Sprintf("the second caller's first request was answered as a replay: %s", b))
 		case c.refusesReuse(b.status):
 			refused = true // the key is global, and its reuse by another caller refused: safe
+			c.refused(h1, req.key, req.body)
 		case !b.ok():
 			problems = append(problems, fmt.Sprintf("the second caller's first request answered %s, want 2xx "+
 				"(run for it) or 422/409 (its reuse of the key refused)", b))

@@ -68,27 +68,38 @@
 //   - CheckVisible: the target's answers identify executions, or it marks
 //     its replays. Without either, no check could have seen an operation
 //     run twice (a target that runs every request would pass them all), so
-//     the run fails here rather than pass on skips. Skipped when the two
-//     fresh requests that find it out were not both answered 2xx (so
-//     CheckFresh failed) and no replay was marked.
+//     the run fails here rather than pass on skips. Skipped when the
+//     fresh requests that find it out were not all answered 2xx (so
+//     CheckFresh failed), no two of those that were came alike, and no
+//     replay was marked.
 //   - CheckExecutions, only with Config.Executions: the executions the
 //     target's own counter shows for the run are at most the operations
-//     (a caller, a key and a body) that may have run, those answered only
-//     4xx aside. One bound for the run, not per key, and loose by each
-//     operation whose outcome is unknown (a lost request) that did not
-//     run; nothing else may run the target's operation meanwhile.
+//     (a caller, a key and a body) that may have run: all but those
+//     answered only the refusals the run asks for, which the draft gives
+//     a request that is not run (400 to a malformed key,
+//     Config.ConflictStatus to another body on a key in use, 409 or 422
+//     to a second caller's use of a key). Another 4xx does not say the
+//     operation did not run (a target may run it and then refuse it, a
+//     business rule checked after an audit row), nor does a 4xx marked as
+//     a replay (a stored result). One bound for the run, not per key, and
+//     loose by each operation whose outcome is unknown (a lost request, a
+//     4xx the run did not ask for) that did not run; nothing else may run
+//     the target's operation meanwhile.
 //
 // # What a black box can see
 //
 // Double execution is visible only in the responses. Run tells two
 // executions apart by their bodies and Location fields, so the target must
-// answer something unique per execution, as a created resource's id is. Before the checks
-// Run sends one body under two fresh keys; if both answers are identical
-// once each is rid of its own key (an answer that only echoes the key, a
-// resource named after it, is the same bytes however often the key runs),
-// the target's responses do not identify executions: CheckScope is skipped
-// with that reason, CheckConcurrent too unless the target marks replays, CheckLost compares no answers
-// and CheckRetry counts only marked replays. A server that runs a request
+// answer something unique per execution, as a created resource's id is.
+// Before the checks Run sends one body under four fresh keys; if any two
+// answers are identical once each is rid of its own key (an answer that
+// only echoes the key, a resource named after it, is the same bytes
+// however often the key runs; one that names the node or shard that
+// served it, from a small pool, repeats from some execution to another),
+// the target's responses do not identify executions: CheckScope is
+// skipped with that reason, CheckConcurrent too unless the target marks
+// replays, CheckLost compares no answers and CheckRetry counts only
+// marked replays. A server that runs a request
 // twice and answers the same bytes both times cannot be caught this way;
 // nor can one that runs a duplicate and then answers it 409 (a claim
 // stored after the side effect, refused as a duplicate), or with the

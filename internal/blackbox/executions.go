@@ -29,20 +29,51 @@ func callerOf(hdr http.Header) string {
 	return b.String()
 }
 
-// sent records an answer (status 0: none, or none known) to a request of
-// op, for CheckExecutions: a 4xx says the request did not run; any other
-// answer, or none, says it may have.
-func (c *checker) sent(hdr http.Header, key string, body []byte, status int) {
+// opRecord is what the run knows of whether an operation ran, for
+// CheckExecutions.
+type opRecord struct {
+	// mayHaveRun: some answer to it was not a refusal (anything but 4xx),
+	// or a 4xx the target marked as a replay (a stored result, so the
+	// operation ran and ended so), or none came (a lost request).
+	mayHaveRun bool
+	// refused: a check judged a 4xx to it the refusal it asked for, which
+	// the draft gives a request that is not run: 400 to a malformed key,
+	// Config.ConflictStatus to another body on a key in use, 409 or 422
+	// to another caller's use of a key. Any other 4xx leaves it unknown: a
+	// target may run an operation and then refuse it (a business rule
+	// checked after an audit row).
+	refused bool
+}
+
+// sent records an answer r (status 0: none, or none known) to a request
+// of op, for CheckExecutions.
+func (c *checker) sent(hdr http.Header, key string, body []byte, r reply) {
 	if c.counter == nil {
 		return
 	}
 	op := operation{caller: callerOf(hdr), key: key, body: string(body)}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.mayHaveRun == nil {
-		c.mayHaveRun = map[operation]bool{}
+	if c.ops == nil {
+		c.ops = map[operation]opRecord{}
 	}
-	c.mayHaveRun[op] = c.mayHaveRun[op] || status < 400 || status >= 500
+	rec := c.ops[op]
+	rec.mayHaveRun = rec.mayHaveRun || r.status < 400 || r.status >= 500 || r.replayed()
+	c.ops[op] = rec
+}
+
+// refused records that the operation of hdr, key and body was answered the
+// refusal the check asked for (see opRecord.refused).
+func (c *checker) refused(hdr http.Header, key string, body []byte) {
+	if c.counter == nil {
+		return
+	}
+	op := operation{caller: callerOf(hdr), key: key, body: string(body)}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	rec := c.ops[op]
+	rec.refused = true
+	c.ops[op] = rec
 }
 
 // counted reads the target's execution counter: a GET of
@@ -84,9 +115,11 @@ func (c *checker) counted(ctx context.Context) (int64, error) {
 }
 
 // finishExecutions decides CheckExecutions: the executions the target
-// counted during the run may not exceed the operations that may have run.
-// Every operation whose outcome is unknown is allowed one execution, so
-// the bound is loose by those that did not run.
+// counted during the run may not exceed the operations that may have run:
+// all but those answered only 4xx and judged the refusals asked for.
+// Every operation whose outcome is unknown (no answer, or a 4xx the run
+// did not ask for) is allowed one execution, so the bound is loose by
+// those that did not run.
 func (c *checker) finishExecutions(ctx context.Context, before int64) {
 	after, err := c.counted(ctx)
 	if err != nil {
@@ -94,12 +127,19 @@ func (c *checker) finishExecutions(ctx context.Context, before int64) {
 		return
 	}
 	c.mu.Lock()
-	bound, answered := 0, len(c.mayHaveRun)
-	for _, ran := range c.mayHaveRun {
-		if ran {
+	bound, refused, unknown := 0, 0, 0
+	for _, rec := range c.ops {
+		switch {
+		case rec.mayHaveRun:
 			bound++
+		case rec.refused:
+			refused++
+		default:
+			bound++
+			unknown++
 		}
 	}
+	sent := len(c.ops)
 	c.mu.Unlock()
 	ran := after - before
 	switch {
@@ -108,8 +148,10 @@ func (c *checker) finishExecutions(ctx context.Context, before int64) {
 			"target's executions", before, after)
 	case ran > int64(bound):
 		c.rep.Fail(CheckExecutions, "the target counted %d executions during the run, but at most %d of the %d operations sent "+
-			"(a caller, a key and a body each) may have run (the others were refused with 4xx): at least %d executions "+
-			"were of an operation that had run already", ran, bound, answered, ran-int64(bound))
+			"(a caller, a key and a body each) may have run (%d were answered only the refusal asked for: 400 to a malformed "+
+			"key, %d to another body, a second caller's reuse of a key refused; %d answered only another 4xx are counted as "+
+			"may have run): at least %d executions were of an operation that had run already",
+			ran, bound, sent, refused, c.cfg.ConflictStatus, unknown, ran-int64(bound))
 	default:
 		c.rep.Pass(CheckExecutions)
 	}

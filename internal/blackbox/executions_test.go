@@ -1,9 +1,13 @@
 package blackbox
 
 import (
+	"encoding/json"
 	"fmt"
+	"io"
 	"net/http"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -105,4 +109,119 @@ func TestExecutionsCounterBroken(t *testing.T) {
 	if ex := example(rep, CheckExecutions); !strings.Contains(ex, "count up") {
 		t.Errorf("%q example does not say the counter went down: %q", CheckExecutions, ex)
 	}
+}
+
+// auditing is a correct idempotent target whose operation may refuse a
+// request by a business rule after it has begun: it writes an audit row
+// (counted as an execution), then answers 409, and keeps that answer as
+// the key's result, replayed like any other. Requests whose body's "seq"
+// is a multiple of refuseEvery are refused so.
+type auditing struct {
+	refuseEvery int
+	runs        atomic.Int64
+	refused     atomic.Int64
+	mu          sync.Mutex
+	records     map[string]auditRecord
+}
+
+type auditRecord struct {
+	fp     [32]byte
+	status int
+	body   []byte
+}
+
+func (s *auditing) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	id, _, fp, body, ok := toyRequest(w, r)
+	if !ok {
+		return
+	}
+	w.Header().Set("Content-Type", "application/json")
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.records == nil {
+		s.records = map[string]auditRecord{}
+	}
+	if rec, ok := s.records[id]; ok {
+		if rec.fp != fp {
+			w.WriteHeader(http.StatusUnprocessableEntity)
+			_, _ = io.WriteString(w, `{"error":"key reused with another body"}`)
+			return
+		}
+		w.Header().Set(ReplayedHeader, "true")
+		w.WriteHeader(rec.status)
+		_, _ = w.Write(rec.body)
+		return
+	}
+	n := s.runs.Add(1) // the audit row
+	var in struct{ Seq int }
+	_ = json.Unmarshal(body, &in)
+	rec := auditRecord{fp: fp, status: http.StatusCreated, body: fmt.Appendf(nil, `{"order":"ord_%d","request":%s}`, n, body)}
+	if in.Seq%s.refuseEvery == 0 {
+		s.refused.Add(1)
+		rec.status, rec.body = http.StatusConflict, fmt.Appendf(nil, `{"error":"order limit reached","audit":"aud_%d"}`, n)
+	}
+	s.records[id] = rec
+	w.WriteHeader(rec.status)
+	_, _ = w.Write(rec.body)
+}
+
+// A target that runs a request and then refuses it (409 by a business
+// rule, after an audit row its counter counts) ran it once: an operation
+// answered only 4xx, other than the refusals the run asked for, may have
+// run, and the bound must allow it. (Fresh requests refused fail
+// CheckFresh; the counter must not add a double execution that was not.)
+func TestExecutionsRunThenRefused(t *testing.T) {
+	s := &auditing{refuseEvery: 3}
+	cfg := withCounter(t, s, s.runs.Load)
+	cfg.BodyTemplate = `{"id":"{{unique}}","seq":{{seq}}}`
+	rep := run(t, cfg)
+	if s.refused.Load() == 0 {
+		t.Fatalf("the target refused nothing after running it (%d executions)", s.runs.Load())
+	}
+	if containsName(failed(rep), CheckExecutions) {
+		t.Errorf("%q failed for a target that ran each operation once and refused %d of them after running them: %s",
+			CheckExecutions, s.refused.Load(), example(rep, CheckExecutions))
+	}
+	for _, c := range rep.Checks() {
+		if c.Name == CheckExecutions && c.Passed == 0 {
+			t.Errorf("%q did not run: %+v", CheckExecutions, c)
+		}
+	}
+}
+
+// runsRefused runs the operation for the requests it refuses as the draft
+// says (400 for a malformed key, 422 for another body on a used key) as
+// well: its side effect comes before the checks that refuse them.
+type runsRefused struct {
+	toy     *toy
+	refused atomic.Int64
+}
+
+type statusWriter struct {
+	http.ResponseWriter
+	status int
+}
+
+func (w *statusWriter) WriteHeader(status int) {
+	w.status = status
+	w.ResponseWriter.WriteHeader(status)
+}
+
+func (s *runsRefused) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	sw := &statusWriter{ResponseWriter: w}
+	s.toy.ServeHTTP(sw, r)
+	if sw.status == http.StatusBadRequest || sw.status == http.StatusUnprocessableEntity {
+		s.refused.Add(1)
+	}
+}
+
+func (s *runsRefused) count() int64 { return s.toy.ops.n.Load() + s.refused.Load() }
+
+// The refusals the run asks for are no executions: a target that runs
+// them all the same has run operations the draft says it must not, and
+// every answer it gives is a correct one's.
+func TestExecutionsOfRefusedRequests(t *testing.T) {
+	s := &runsRefused{toy: newToy(flaws{})}
+	rep := run(t, withCounter(t, s, s.count))
+	wantFailed(t, rep, CheckExecutions)
 }

@@ -356,18 +356,21 @@ func (c *campaign) checkLinearizable() {
 	if deadline.IsZero() {
 		deadline = time.Now().Add(c.historyBudget())
 	}
-	results := checkHistory(hist, historyKeyTimeout, deadline, "")
+	results := checkHistory(hist, historyKeyTimeout, deadline, c.opts.Visualize)
 	var unknown int
 	for _, r := range results {
 		switch r.result {
 		case porcupine.Ok:
 			c.rep.Pass(checkLinearHist)
 		case porcupine.Illegal:
-			where := r.viz
-			if where == "" {
-				where = "(visualization could not be written)"
+			where := "porcupine's visualization: " + r.viz
+			switch {
+			case r.vizErr != nil:
+				where = fmt.Sprintf("porcupine's visualization could not be written: %v", r.vizErr)
+			case r.viz == "":
+				where = "no visualization asked for (idemcheck -visualize DIR draws one)"
 			}
-			c.rep.Fail(checkLinearHist, "key %s: its %d operations are not linearizable against the Store contract; porcupine's visualization: %s", r.key, r.ops, where)
+			c.rep.Fail(checkLinearHist, "key %s: its %d operations are not linearizable against the Store contract; %s", r.key, r.ops, where)
 		default:
 			// Not decided is not verified: an illegal history can take
 			// the search longer than a legal one.

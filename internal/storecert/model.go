@@ -256,14 +256,16 @@ type keyResult struct {
 	key    string
 	ops    int
 	result porcupine.CheckResult
-	// viz is the path of porcupine's visualization of an illegal history.
-	viz string
+	// viz is the path of porcupine's visualization of an illegal history
+	// ("": none written); vizErr, why it could not be written.
+	viz    string
+	vizErr error
 }
 
 // checkHistory checks the history of each key for linearizability against
 // the model, each within timeout and all by deadline (keys left over are
 // Unknown). A history that is not linearizable is drawn to an HTML file in
-// dir ("": the system's temporary directory).
+// dir ("": it is not drawn).
 func checkHistory(ops []op, timeout time.Duration, deadline time.Time, dir string) []keyResult {
 	byKey := map[string][]porcupine.Operation{}
 	for _, o := range ops {
@@ -285,15 +287,28 @@ func checkHistory(ops []op, timeout time.Duration, deadline time.Time, dir strin
 		}
 		res, info := porcupine.CheckOperationsVerbose(m, h, timeout)
 		kr := keyResult{key: k, ops: len(h), result: res}
-		if res == porcupine.Illegal {
-			if f, err := os.CreateTemp(dir, "storecert-history-*.html"); err == nil {
-				if err := porcupine.Visualize(m, info, f); err == nil {
-					kr.viz = f.Name()
-				}
-				_ = f.Close()
-			}
+		if res == porcupine.Illegal && dir != "" {
+			kr.viz, kr.vizErr = visualize(m, info, dir)
 		}
 		out = append(out, kr)
 	}
 	return out
+}
+
+// visualize writes porcupine's visualization of info to a new HTML file in
+// dir and returns its path.
+func visualize(m porcupine.Model, info porcupine.LinearizationInfo, dir string) (string, error) {
+	f, err := os.CreateTemp(dir, "storecert-history-*.html")
+	if err != nil {
+		return "", err
+	}
+	err = porcupine.Visualize(m, info, f)
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		_ = os.Remove(f.Name())
+		return "", err
+	}
+	return f.Name(), nil
 }

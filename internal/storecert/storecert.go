@@ -23,7 +23,9 @@
 //     whose history porcupine does not decide in time (2s a key, and
 //     the larger of 10s and Options.Duration in all) fails the check: it
 //     was not verified, and an illegal history can take the search
-//     longer than a legal one.
+//     longer than a legal one. With Options.Visualize, porcupine's
+//     drawing of each history that is not linearizable is written there,
+//     and the report names the file; without, nothing is written.
 //
 // # Clocks
 //
@@ -79,6 +81,10 @@ type Options struct {
 	Concurrency int
 	// Progress receives a line per step (nil: none).
 	Progress io.Writer
+	// Visualize is a directory in which porcupine's visualization of each
+	// key history that is not linearizable is written, an HTML file named
+	// in the report ("": none is written). It must exist.
+	Visualize string
 }
 
 // Defaults for the zero Options.

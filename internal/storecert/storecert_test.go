@@ -328,7 +328,7 @@ func TestCampaignFlagsViolation(t *testing.T) {
 		hop(1, 3, 4, input{kind: opBegin, fp: "fp"}, claimOut(5, 3)),
 	}
 	rep := verdict.New()
-	c := &campaign{rec: rec, rep: rep, opts: Options{Duration: time.Second}}
+	c := &campaign{rec: rec, rep: rep, opts: Options{Duration: time.Second, Visualize: t.TempDir()}}
 	c.checkLinearizable()
 	out := report(rep)
 	if rep.OK() || !strings.Contains(out, checkLinearHist) || !strings.Contains(out, ".html") {
