@@ -201,7 +201,9 @@ type Result struct {
 // Do runs fn at most once for key and fingerprint within the retention
 // window. It returns fn's response and Executed, a stored response and
 // Replayed, or an error with InFlight, Conflicted or Unavailable, in which
-// cases fn did not run.
+// cases fn did not run. A ctx that is done before fn starts (even while the
+// store grants the claim) gives Unavailable with ctx's error: fn does not
+// start, and a claim already made is released.
 //
 // While fn runs the Guard renews the lease. If a renewal is rejected
 // (another holder took the key over), fn's ctx is cancelled, the result is
@@ -315,6 +317,16 @@ func (g *Guard) run(ctx context.Context, key, fingerprint string, fn func(contex
 // execute runs fn for the claim named by token, sent to the store at sent
 // by the local clock (time.Now), and answers into res.
 func (g *Guard) execute(ctx context.Context, cfg config, key string, token uint64, sent time.Time, fn func(context.Context) (Response, error), res *Result) error {
+	if err := ctx.Err(); err != nil {
+		// The caller went away while the claim was made (a shutdown, a
+		// client that hung up): fn has not started, so nothing happened,
+		// and the key is given back for the retry.
+		*res = Result{Outcome: Unavailable}
+		if rerr := g.Store.Release(context.WithoutCancel(ctx), key, token); rerr != nil {
+			return errors.Join(unavailable("begin", err), fmt.Errorf("idempotency: release: %w", rerr))
+		}
+		return unavailable("begin", err)
+	}
 	*res = Result{Outcome: Executed, Token: token}
 	c := &claimCtx{Context: ctx, token: token}
 	if cfg.timeout > 0 {

@@ -51,6 +51,18 @@
 // and runs fn again: fn's side effects must be made conditional on the
 // fencing token (idempotency.TokenFrom) or be idempotent themselves for
 // exactly-once effects across that case.
+//
+// The window fails closed: while the store cannot be reached, messages are
+// Nak'ed and fn does not run. A claim whose answer was lost (the store
+// applied the Begin, the caller saw a timeout or its ctx cancelled) is held
+// by nobody and blocks the id until its lease ends, like a dead consumer's.
+// When fn succeeds but its success cannot be stored (the store failed
+// after the claim, or the claim was lost), Process still says Ack, and
+// returns the error: the effect happened, and a Nak would run fn again at
+// once. Nothing then records the success, so a copy of the message that
+// comes after the claim's lease (a redelivery after a lost ack, a
+// duplicate) runs fn again: report the error, and make the effect
+// idempotent where that matters.
 package dedup
 
 import (
@@ -163,24 +175,36 @@ func New(store idempotency.Store, opts *Options) (*Window, error) {
 // Process runs fn for the message msgID unless it was processed inside the
 // window, and says what to tell the broker:
 //
-//   - fn ran and succeeded: Ack, nil. If its success could not be stored,
-//     the error says so (still Ack: the effect happened; a redelivery after
-//     the lease may run fn again).
+//   - fn ran and succeeded: Ack, nil. If its success could not be stored
+//     (the store failed, or the claim was lost), still Ack, on purpose (the
+//     effect happened; a Nak would run fn again at once), with an error
+//     wrapping idempotency.ErrUnavailable or idempotency.ErrLeaseLost.
+//     Nothing records the success: a redelivery or duplicate that comes
+//     after the claim's lease runs fn again.
 //   - msgID was processed before: Ack, nil; fn does not run.
 //   - fn failed: Nak after Options.RetryDelay, and fn's error. The id is
-//     released, so the redelivery runs fn again at once. If the release
-//     failed, the error says so too and the Nak waits at least the lease,
-//     after which the claim may be taken over.
-//   - another consumer is processing msgID: Nak with the time left on its
+//     released, so the redelivery runs fn again without waiting for the
+//     lease. If the release could not reach the store, the error says so
+//     too and the Nak waits at least the lease, after which the claim may
+//     be taken over. If the claim was lost while fn ran, the error says so
+//     too; the id is not released (another consumer may hold it).
+//   - msgID is claimed by another consumer (or by a consumer that died, or
+//     by a Begin whose answer was lost): Nak with the time left on its
 //     lease (at least Options.MinDelay), nil; fn does not run.
-//   - the store cannot be reached: Nak after Options.UnavailableDelay, and
-//     an error wrapping idempotency.ErrUnavailable; fn does not run.
+//   - the store cannot be reached, or ctx is done before the claim or
+//     while it is made: Nak after Options.UnavailableDelay, and an error
+//     wrapping idempotency.ErrUnavailable; fn does not run. A claim the
+//     store granted is released; one whose Begin failed may still have
+//     been made (see the package doc).
 //   - msgID is held by a record of another kind: Term, and an error
 //     wrapping idempotency.ErrConflict.
 //
 // fn runs with a context carrying the fencing token (idempotency.TokenFrom)
-// that is cancelled if another consumer takes the id over. An empty msgID
-// is refused (Term): a message without an id cannot be deduplicated.
+// that is cancelled when ctx is, when another consumer takes the id over,
+// shortly before the lease runs out while renewals cannot reach the store,
+// and when fn returns. A cancel that lands just after the claim (after the
+// Guard's last look at ctx) can reach fn as it starts. An empty msgID is refused
+// (Term): a message without an id cannot be deduplicated.
 func (w *Window) Process(ctx context.Context, msgID string, fn func(ctx context.Context) error) (Decision, error) {
 	if msgID == "" {
 		return Decision{Action: Term, Outcome: idempotency.Conflicted}, errors.New("dedup: empty message id")

@@ -95,6 +95,29 @@
 //     that always panics crashes each consumer that receives it; recover
 //     in fn if that is not what you want.
 //
+// # When the store fails
+//
+// The window fails closed. A message whose claim the store cannot make
+// (down, paused, slower than its own timeout) is Nak'ed after the Window's
+// UnavailableDelay with an error wrapping idempotency.ErrUnavailable, and
+// fn does not run; it is processed once the store answers again. A Begin
+// that failed so may still have been applied (the store got it, the answer
+// was lost): its claim then blocks the message until its lease ends,
+// counted from when Begin was sent, and a redelivery before that is Nak'ed
+// as in flight, with the time left on the lease.
+//
+// A message whose fn succeeded but whose result could not be stored (the
+// store failed after the claim, or the claim was lost) is acked all the
+// same, on purpose: its effect happened, and a Nak would run fn again at
+// once. Handle returns the error (wrapping idempotency.ErrUnavailable or
+// idempotency.ErrLeaseLost) and OnDecision gets it: log it, alert on it.
+// Until a result is stored nothing remembers that the message was
+// processed, so a copy that comes after the claim's lease ends (the ack
+// was lost too and JetStream redelivers after AckWait, or the producer
+// stored the message twice) runs fn again. A fn whose effect must not
+// happen twice even then makes it idempotent, or conditional on the
+// fencing token (idempotency.TokenFrom).
+//
 // # Shutdown
 //
 // The Handler owns no goroutine between messages; the heartbeat of a
@@ -103,11 +126,37 @@
 // Drain (they are handled first), and wait on its Closed channel before
 // closing the connection: an answer sent on a closed connection is lost,
 // and the message is redelivered after AckWait (replayed if its result was
-// stored, processed again if not). Cancelling the ctx given to
-// MessageHandler cancels fn's ctx; a fn that returns its error is Nak'ed,
-// and a message handled after the cancel is Nak'ed after the Window's
-// UnavailableDelay (outcome Unavailable: the store's calls fail with the
-// done ctx) without running fn or leaving a claim.
+// stored, processed again if not).
+//
+// Cancelling the ctx given to MessageHandler cancels fn's ctx; a fn that
+// returns its error is Nak'ed after the Window's RetryDelay with its claim
+// released. A message handled after the cancel is Nak'ed after the
+// Window's UnavailableDelay (outcome Unavailable: the store's calls fail
+// with the done ctx) without running fn or leaving a claim, since this
+// module's stores look at ctx before they send a call. A Handler left
+// running with a done ctx so Naks every message it gets, each at the cost
+// of a delivery (counted against MaxDeliver): stop consuming first.
+//
+// A cancel that lands while the store's Begin is under way can go two
+// ways, because a call already sent is not recalled by a cancel (go-redis
+// bounds it only by its deadline, redisstore's OpTimeout; pgx cancels the
+// query, which the server may have committed by then):
+//
+//   - The Begin claims the message and answers: the Guard does not start
+//     fn with a done ctx. It releases the claim, the outcome is
+//     Unavailable, and the message is Nak'ed after UnavailableDelay, to be
+//     processed by whoever gets the redelivery.
+//   - The Begin fails (the deadline, the cancelled query) after the store
+//     applied it: the outcome is Unavailable, fn does not run, the message
+//     is Nak'ed after UnavailableDelay, and the claim stays, since nobody
+//     holds its token to release it, until its lease ends, a Lease after
+//     the Begin was sent. A redelivery before then is Nak'ed as in flight
+//     with the time left on the lease (one more delivery, counted against
+//     MaxDeliver), and the one after it processes the message: about one
+//     Lease after the cancelled Begin. If the Nak was lost with the
+//     connection, JetStream redelivers after AckWait, counted from the
+//     delivery; the lease, at most AckWait but counted from the later
+//     Begin, may bounce that redelivery once more.
 //
 // JetStream's publish-side duplicate window and the consumer-side window
 // are compared in the dedup package documentation.
@@ -164,6 +213,7 @@ type Options struct {
 	AckWait time.Duration
 	// Heartbeat is the interval of InProgress signals while fn runs, the
 	// first of which is sent as fn starts (0: AckWait/2; negative: none).
+	// It must be shorter than AckWait.
 	Heartbeat time.Duration
 	// DoubleAck waits for the server to confirm each Ack, so that a lost ack
 	// is reported in Handle's error. The message is then redelivered after
@@ -191,7 +241,9 @@ type Handler struct {
 // (idempotency.TokenFrom) and is cancelled if the claim is lost.
 //
 // New refuses (idempotency.ErrInvalidConfig) a Window whose lease is
-// longer than the consumer's AckWait, and a Consumer without AckExplicit.
+// longer than the consumer's AckWait, a Consumer without AckExplicit or
+// without cached info, and Options that contradict each other (AckWait
+// given with a Consumer, a Heartbeat not shorter than AckWait).
 func New(w *dedup.Window, fn func(ctx context.Context, msg jetstream.Msg) error, opts *Options) (*Handler, error) {
 	if w == nil || fn == nil {
 		return nil, fmt.Errorf("%w: natsdedup: nil Window or fn", idempotency.ErrInvalidConfig)
