@@ -12,8 +12,13 @@
 // request's key comes first because the client interceptor gives every call
 // a fresh metadata key: a retry with the same request_id must not be a new
 // operation. Keys are 1 to 255 visible ASCII
-// characters. A call without a key runs unguarded unless Options.Required is
-// set, in which case it fails with InvalidArgument. With Options.Methods nil
+// characters, in one metadata value: an empty value, two values (even
+// equal ones), or a malformed key fails with InvalidArgument, even when
+// keys are optional, since running the call unguarded would drop the
+// idempotency its client asked for. The binary field "idempotency-key-bin"
+// is another field, and is not read. A call without a key runs unguarded
+// unless Options.Required is set, in which case it fails with
+// InvalidArgument. With Options.Methods nil
 // that is every unary method, health checks (grpc.health.v1.Health/Check)
 // included: name the guarded methods when keys are required.
 //
@@ -64,9 +69,17 @@
 // failed call. A replay sends the stored header metadata plus
 // "idempotency-replayed: true", the stored trailer metadata, and a response
 // decoded into a new message of the stored type (looked up in
-// protoregistry.GlobalTypes, or made by Options.NewResponse). Metadata set
-// by interceptors before this one is not stored: they run again on a
-// replay.
+// protoregistry.GlobalTypes, or made by Options.NewResponse), or the stored
+// status, code, message and details, as the first call's client got them
+// (a handler's error that is not a status is stored as gRPC sent it:
+// Unknown with the error's text, or the code and details of the status it
+// wraps with the error's whole text as message). Header and
+// trailer fields keep all their values, in order, binary (-bin) ones
+// included. One difference is the marker's doing: a first answer that
+// failed without header metadata went out as trailers only (its client's
+// header empty, its trailer holding content-type), while its replay sends a
+// header, for the marker. Metadata set by interceptors before this one is
+// not stored: they run again on a replay.
 //
 // # Status codes
 //
@@ -87,7 +100,7 @@
 //     policy, and the retry carries the same key. Its message is fixed: the
 //     store's error, which may name internal hosts, goes to
 //     Options.OnStoreError only.
-//   - A key is required but missing or malformed: InvalidArgument.
+//   - A key is malformed, or required but missing: InvalidArgument.
 //   - The caller's context ended before the key could be claimed:
 //     Canceled or DeadlineExceeded (see also The client goes away).
 //   - The handler ran but its lease was taken over before its result was
@@ -108,7 +121,13 @@
 // call's deadline passes. A handler that stops then answers Canceled or
 // DeadlineExceeded, which is not stored: the claim is kept until its lease
 // ends, since the handler may have done part of its work, and a retry
-// after that runs the handler again. Options.Detach gives guarded handlers
+// after that runs the handler again. So does an answer with a code of
+// Options.ReleaseCodes given once the handler's context had ended (by the
+// client, or by the Guard's Timeout): a downstream call cut short by the
+// context answers Unavailable or Aborted whether or not it was applied,
+// which is no refusal made before the work. Any other answer is handled as
+// always: a response, or with StoreErrors an error, is stored and replayed
+// to the retry. Options.Detach gives guarded handlers
 // a context that the client's cancellation and deadline do not reach (the
 // Guard still ends it when the claim is lost, or at Guard.Timeout, which
 // should then be set): the operation finishes, its answer is stored, and
@@ -122,18 +141,38 @@
 // A handler error whose code is in Options.ReleaseCodes (default
 // Unavailable, ResourceExhausted and Aborted: codes a handler returns when
 // it refused the work before doing it) releases the key at once, so the
-// retry runs the handler again. Any other error keeps the claim until its
-// lease ends, as after a crash: the handler may have had side effects, and a
-// retry inside the lease is answered Aborted. With Options.StoreErrors,
-// those other errors are stored instead and replayed, code, message and
-// details, to every retry inside the window, like a response; Canceled and
-// DeadlineExceeded never are (they keep the claim). A handler
-// that panics releases the key and the panic goes on (gRPC does not recover
-// it; a recovery interceptor placed before this one answers, and the retry
-// runs the handler again). A recovery interceptor placed after this one
-// turns the panic into an error before this one sees it: the error is
-// treated as above (with its usual Internal, the claim is kept, or stored
-// with StoreErrors).
+// retry runs the handler again, unless the handler's context had ended
+// when it returned (see The client goes away). Any other error keeps the
+// claim until its lease ends, as after a crash: the handler may have had
+// side effects, and a retry inside the lease is answered Aborted. With
+// Options.StoreErrors, those other errors are stored instead and replayed,
+// code, message, details, header and trailer metadata, to every retry
+// inside the window, like a response; Canceled and DeadlineExceeded never
+// are (they keep the claim).
+//
+// # Panics and runtime.Goexit
+//
+// A handler that panics, or calls runtime.Goexit (t.FailNow in a test
+// handler, a library that stops its goroutine so), may have done its work
+// before it stopped: nothing is stored, and the claim is kept until its
+// lease ends, as for an Internal error; a retry inside the lease is
+// answered Aborted, one after it runs the handler again. The panic goes on
+// as it was raised. gRPC does not recover it: the process ends, unless a
+// recovery interceptor does. Placed before this one, the recovery
+// interceptor answers the call (Internal, as a rule) and the claim is kept;
+// placed after it, it turns the panic into an error before this one sees
+// it, handled as above: with its usual Internal, the claim is kept too, or
+// the error is stored with StoreErrors. Either way a recovered panic does
+// not let the retry run the handler again at once; the order of the
+// interceptors only decides whether the Internal answer is stored. Nothing
+// a gRPC handler does before it returns says that its work is done (header
+// metadata sent with grpc.SendHeader says nothing of it), so the claim is
+// kept whether or not it sent any. Goexit ends the call without an answer:
+// gRPC never answers it, and the client waits until its deadline. To have
+// the key released after a panic or Goexit instead, so that the retry runs
+// the handler at once, put Internal in Options.ReleaseCodes (which releases
+// it after an Internal error as well). (Builds before this rule released
+// the key after a panic or Goexit, whatever ReleaseCodes held.)
 //
 // # Client
 //

@@ -136,6 +136,9 @@ type fixtureOpts struct {
 	serverOpts []grpc.ServerOption
 	unguarded  bool
 	setupStore func(*idempotency.MemoryStore)
+	// store, when set, is the guard's store instead of the fixture's
+	// MemoryStore.
+	store idempotency.Store
 	// outer and inner, when set, are chained before and after the guard.
 	outer, inner grpc.UnaryServerInterceptor
 }
@@ -148,7 +151,11 @@ func newFixture(t testing.TB, o fixtureOpts) *fixture {
 	if o.setupStore != nil {
 		o.setupStore(f.store)
 	}
-	g, err := idempotency.NewGuard(f.store, o.guard)
+	var store idempotency.Store = f.store
+	if o.store != nil {
+		store = o.store
+	}
+	g, err := idempotency.NewGuard(store, o.guard)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -25,19 +25,25 @@ func recoverInterceptor(ctx context.Context, req any, _ *grpc.UnaryServerInfo, h
 	return h(ctx, req)
 }
 
-// TestHandlerPanic: what doc.go says of a panicking handler. With the
-// recovery interceptor before the guard, the panic releases the key and the
-// retry runs the handler again; after it, the panic is an Internal error
-// like any other, and the claim is kept.
+// TestHandlerPanic: what doc.go says of a panicking handler. The handler
+// may have done its work before it panicked, so wherever the recovery
+// interceptor is in the chain the retry must not run it again at once: the
+// claim is kept until its lease ends. Before the guard, the guard sees the
+// panic, and keeps the claim as it does for an Internal error; after it,
+// the panic is an Internal error like any other. With Internal in
+// ReleaseCodes both release the key, and the retry runs the handler again.
 func TestHandlerPanic(t *testing.T) {
+	releaseInternal := &idemgrpc.Options{ReleaseCodes: []codes.Code{codes.Internal}}
 	tests := []struct {
 		name       string
 		o          fixtureOpts
 		wantSecond codes.Code
 		wantRuns   int
 	}{
-		{"recovered-before-guard-releases", fixtureOpts{outer: recoverInterceptor}, codes.OK, 2},
+		{"recovered-before-guard-keeps-claim", fixtureOpts{outer: recoverInterceptor}, codes.Aborted, 1},
 		{"recovered-after-guard-keeps-claim", fixtureOpts{inner: recoverInterceptor}, codes.Aborted, 1},
+		{"recovered-before-guard-internal-released", fixtureOpts{outer: recoverInterceptor, server: releaseInternal}, codes.OK, 2},
+		{"recovered-after-guard-internal-released", fixtureOpts{inner: recoverInterceptor, server: releaseInternal}, codes.OK, 2},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

@@ -14,6 +14,7 @@ import (
 
 	"github.com/archlab/idempotency"
 	"github.com/archlab/idempotency/internal/certid"
+	"github.com/archlab/idempotency/internal/keepclaim"
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	spb "google.golang.org/genproto/googleapis/rpc/status"
 	"google.golang.org/grpc"
@@ -70,8 +71,12 @@ type Options struct {
 	// stored type name is looked up in the global registry.
 	NewResponse func(fullMethod string) proto.Message
 	// ReleaseCodes are the handler error codes that release the key at
-	// once. nil: Unavailable, ResourceExhausted, Aborted. An empty non-nil
-	// slice releases on none.
+	// once, when the handler returns them before its context ended (after
+	// the client went away or the Guard's Timeout passed, they keep the
+	// claim until its lease ends). nil: Unavailable, ResourceExhausted,
+	// Aborted. An empty non-nil slice releases on none. Internal in it also
+	// releases the key after a handler that panicked or called
+	// runtime.Goexit, which otherwise keeps the claim.
 	ReleaseCodes []codes.Code
 	// StoreErrors stores handler errors whose code is not in ReleaseCodes
 	// and replays them. When false (the default) such an error keeps the
@@ -91,9 +96,10 @@ type Options struct {
 	// wraps the store's error (errors.Is works); it wraps
 	// idempotency.ErrLeaseLost when the result could not be stored because
 	// the claim had been taken over or deleted. The errors of the renewals
-	// themselves go to the Guard's OnRenew, and a Release after a panicking
-	// handler is not reported. The client gets a fixed message, never the
-	// error's text, which may name internal addresses; log it here.
+	// themselves go to the Guard's OnRenew, and a Release after a handler
+	// that panicked or called runtime.Goexit (with Internal in
+	// ReleaseCodes) is not reported. The client gets a fixed message, never
+	// the error's text, which may name internal addresses; log it here.
 	OnStoreError func(ctx context.Context, fullMethod string, err error)
 	// Detach runs guarded handlers with a context that the client's
 	// cancellation and deadline do not reach, so that an operation started
@@ -118,7 +124,8 @@ type server struct {
 
 // UnaryServerInterceptor returns an interceptor that runs guarded unary
 // methods through guard. Requests and responses must be protobuf messages.
-// It fails with ErrInvalidConfig when guard is nil or invalid.
+// It fails with idempotency.ErrInvalidConfig when guard is nil or invalid,
+// or when Options.ReleaseCodes holds a code gRPC does not define.
 func UnaryServerInterceptor(guard *idempotency.Guard, opts *Options) (grpc.UnaryServerInterceptor, error) {
 	if guard == nil {
 		return nil, fmt.Errorf("%w: idemgrpc: nil Guard", idempotency.ErrInvalidConfig)
@@ -135,7 +142,7 @@ func UnaryServerInterceptor(guard *idempotency.Guard, opts *Options) (grpc.Unary
 		rc = defaultReleaseCodes
 	}
 	for _, c := range rc {
-		if int(c) >= len(s.release) {
+		if c > codes.Unauthenticated { // the last code gRPC defines
 			return nil, fmt.Errorf("%w: idemgrpc: unknown code %d in ReleaseCodes", idempotency.ErrInvalidConfig, c)
 		}
 		s.release[c] = true
@@ -193,12 +200,28 @@ func (s *server) intercept(ctx context.Context, req any, info *grpc.UnaryServerI
 		if cs.ServerTransportStream != nil {
 			hctx = grpc.NewContextWithServerTransportStream(cctx, cs)
 		}
+		returned := false
+		defer func() {
+			if !returned && !s.release[codes.Internal] {
+				// The handler panicked or called runtime.Goexit, maybe
+				// after its side effect: the claim is kept until its
+				// lease ends, as for the Internal error a recovery
+				// interceptor makes of a panic (see doc.go).
+				if f := keepclaim.From(cctx); f != nil {
+					f.Set()
+				}
+			}
+		}()
 		reply, herr = handler(hctx, req)
+		returned = true
 		// A lost lease or a lease run out ends cctx with Canceled; the
 		// Guard's Timeout with DeadlineExceeded, which is no store failure
 		// and reaches the caller as the handler answers it.
 		cut = errors.Is(cctx.Err(), context.Canceled) && gctx.Err() == nil
-		resp, eerr := s.encode(reply, herr, cs.header())
+		// A handler whose context ended (its client went away, or the
+		// Guard's Timeout) gave up partway, whatever code it answers.
+		ended := cctx.Err() != nil || gctx.Err() != nil
+		resp, eerr := s.encode(reply, herr, cs.header(), ended)
 		if eerr != nil {
 			fe = &fnError{eerr}
 			return resp, fe
@@ -384,11 +407,18 @@ func statusOf(err error) *status.Status {
 }
 
 // encode turns a handler's answer into what the Guard stores, or into the
-// error that tells the Guard not to store it.
-func (s *server) encode(reply any, herr error, header metadata.MD) (idempotency.Response, error) {
+// error that tells the Guard not to store it. ended says the handler's
+// context had ended when it returned.
+func (s *server) encode(reply any, herr error, header metadata.MD, ended bool) (idempotency.Response, error) {
 	if herr != nil {
 		st := statusOf(herr)
 		if int(st.Code()) < len(s.release) && s.release[st.Code()] {
+			if ended {
+				// Not a refusal made before the work: a downstream call
+				// cut short by the context says Unavailable or Aborted
+				// whether or not it was applied. Kept, not stored.
+				return idempotency.Response{}, herr
+			}
 			return idempotency.Response{}, idempotency.Retryable(herr)
 		}
 		if !s.opts.StoreErrors || st.Code() == codes.OK || st.Code() == codes.Canceled || st.Code() == codes.DeadlineExceeded {

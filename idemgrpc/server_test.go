@@ -406,8 +406,13 @@ func TestInterceptorOptionsValidated(t *testing.T) {
 		t.Errorf("guard without store: %v, want ErrInvalidConfig", err)
 	}
 	g, _ := idempotency.NewGuard(idempotency.NewMemoryStore(), nil)
-	if _, err := idemgrpc.UnaryServerInterceptor(g, &idemgrpc.Options{ReleaseCodes: []codes.Code{99}}); !errors.Is(err, idempotency.ErrInvalidConfig) {
-		t.Errorf("bad release code: %v, want ErrInvalidConfig", err)
+	for _, c := range []codes.Code{17, 31, 99} { // gRPC defines 0 to 16
+		if _, err := idemgrpc.UnaryServerInterceptor(g, &idemgrpc.Options{ReleaseCodes: []codes.Code{c}}); !errors.Is(err, idempotency.ErrInvalidConfig) {
+			t.Errorf("release code %d: %v, want ErrInvalidConfig", c, err)
+		}
+	}
+	if _, err := idemgrpc.UnaryServerInterceptor(g, &idemgrpc.Options{ReleaseCodes: []codes.Code{codes.Unauthenticated}}); err != nil {
+		t.Errorf("release code Unauthenticated: %v", err)
 	}
 }
 
