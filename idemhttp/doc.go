@@ -102,8 +102,12 @@
 //
 // # Clients that go away
 //
-// The handler's request context is cancelled when the client disconnects
-// (and also when the Guard loses the lease). A duplicate that arrives
+// A client that disconnects before its claim is granted never reaches the
+// handler (unless Options.Detach): the Guard does not start it with a done
+// context, and releases the claim (Observer: Unavailable, with the
+// context's error). Once the
+// handler runs, its request context is cancelled when the client
+// disconnects (and also when the Guard loses the lease). A duplicate that arrives
 // meanwhile gets 409, never a second execution. When the handler still
 // answers with a stored status, the response is stored and replayed to the
 // retry, unless a write to the client failed: the handler may have stopped
