@@ -25,8 +25,9 @@ func BenchmarkGuardDo(b *testing.B) {
 }
 
 // TestPgbenchScript checks the pgbench script of scripts/bench-pg.sh: it
-// sends the two statements of a new request (Begin, then Complete with the
-// token Begin returned) exactly as the Store sends them, with the response
+// sends the statements of a new request (Begin's two, in a transaction,
+// then Complete with the token Begin returned) exactly as the Store sends
+// them, with the response
 // of idemtest.BenchmarkStore, and, when pgbench is installed, three runs
 // of it store three DONE records. With PGSTORE_PGBENCH_SCRIPT naming a file
 // and PGSTORE_BENCH_SCHEMA an existing schema (both set by the script) it
@@ -39,7 +40,7 @@ func TestPgbenchScript(t *testing.T) {
 	}
 	s := migratedStore(t, pool, schema, Options{Table: "pgbench"})
 	script := pgbenchScript(s)
-	for _, stmt := range []string{s.beginSQL, s.completeSQL} {
+	for _, stmt := range []string{s.beginSQL, s.tokenSQL, s.completeSQL} {
 		if !strings.Contains(script, stmt[:strings.Index(stmt, "$")]) {
 			t.Fatalf("statement missing from the script: %s", stmt)
 		}
@@ -92,16 +93,22 @@ func pgbenchScript(s *Store) string {
 	body := []byte(`{"id":"ch_1","amount":1000,"currency":"eur"}`)
 	// pgbench has no clock in \set; keys are unique, so a fixed now only
 	// decides nothing, as the real one does for a new key.
+	// Begin's two statements go in one transaction, as the Store sends
+	// them (in one round trip there: pgbench's -M prepared cannot).
 	return fmt.Sprintf(`\set k random(1, 9000000000000000000)
 \set fp 7
 \set lease 30000000000
 \set retention 86400000000000
 \set now 1800000000000000000
 \set status 200
+BEGIN;
+%s;
 %s
 \gset b_
+COMMIT;
 %s;
 `,
 		bind(s.beginSQL, ":k", ":fp", ":lease", ":retention", ":now"),
+		bind(s.tokenSQL, ":k"),
 		bind(s.completeSQL, ":k", ":b_token", ":status", bytea(header), bytea(body), ":retention", ":now"))
 }

@@ -18,23 +18,28 @@
 // unless the schema is at the version its build needs.
 //
 // One row per key holds the state, the fencing token (drawn from the
-// sequence <table>_token_seq, so tokens strictly increase per key across
-// takeover, release, deletion and expiry), the lease and window ends as
+// sequence <table>_token_seq under the key's row lock, so tokens strictly
+// increase per key across takeover, release, deletion, expiry and Sweep),
+// the lease and window ends as
 // Unix nanoseconds, and the response as status, headers (bytea, in a
 // small binary encoding that keeps every byte, which jsonb would not) and
 // body (bytea).
 //
 // # Statements
 //
-// Each operation is one statement in its own implicit transaction. Begin
-// reads the key's row and, only when it is absent, expired or abandoned,
-// claims it with an INSERT ... ON CONFLICT DO UPDATE, all in one statement
-// (a CTE); a replay, an in-flight or a conflicting answer thus takes no row
-// lock and writes nothing. Complete, Extend and Release are an UPDATE on
-// key, token and state; Release and Delete leave an expired tombstone so
-// that the next claim draws its token under the row lock and tokens keep
-// increasing. So a new request costs two statements (Begin, Complete) and a
-// replay one.
+// Each operation but Begin is one statement in its own implicit
+// transaction. Begin reads the key's row and, only when it is absent, expired or
+// abandoned, claims it with an INSERT ... ON CONFLICT DO UPDATE, all in
+// one statement (a CTE); a replay, an in-flight or a conflicting answer
+// thus takes no row lock and writes nothing. A claim that replaces a row
+// draws its token in the DO UPDATE, under the row's lock; a claim that
+// inserts one draws it in a second statement, an UPDATE of the row it
+// inserted, sent with the first in one round trip and one transaction (an
+// INSERT builds its row before it meets the key's index, and a token
+// drawn there could be smaller than that of a claim made and swept in the
+// meantime). Complete, Extend and Release are an UPDATE on key, token and
+// state; Release and Delete leave an expired tombstone. So a new request
+// costs two round trips (Begin, Complete) and a replay one.
 //
 // CompleteTx runs Complete's statement in the caller's pgx.Tx, so that the
 // business write and the stored result commit or roll back together. If the
@@ -58,15 +63,26 @@
 // when the pool's transactions are REPEATABLE READ or SERIALIZABLE), and a
 // Begin whose snapshot was overtaken by a concurrent claim, applied
 // nothing: they are retried, with jittered pauses of up to 32ms, until
-// OpTimeout. Every other failure, from the server or the network,
-// wraps idempotency.ErrUnavailable together with the native error (a
-// *pgconn.PgError, a net error, or ctx's error), so errors.Is and errors.As
-// both work. A write that failed this way may or may not have been
-// applied, except when pgconn.SafeToRetry reports true for the error: then
-// the statement was never sent (a failure to connect is not marked so, but
-// applies nothing either). CompleteTx does not retry, since a failed
-// statement aborts the caller's transaction; it wraps ErrUnavailable too,
-// and the caller retries the whole transaction.
+// OpTimeout. A statement whose connection broke (an end of file, a reset,
+// the server's FATAL notice, as every pooled connection meets once after
+// the server restarts) is run again at once, on another connection, until
+// OpTimeout, as long as running it twice has the effect of running it
+// once: Get and Sweep; Begin, which then meets its own claim, if the first
+// try made it, and answers in flight (the claim is held until its lease
+// ends, as when the error is returned); Extend, which sets the same lease
+// again; Complete and Release, which, finding that an earlier try was
+// applied (the key Done, or a tombstone, with their token), succeed. Delete
+// is run again only when pgconn.SafeToRetry says the statement was never
+// sent: a second run could delete a claim made after the first. A failure
+// to connect is not retried. Every other failure, from the server or the
+// network, wraps idempotency.ErrUnavailable together with the native error
+// (a *pgconn.PgError, a net error, or ctx's error), so errors.Is and
+// errors.As both work. A write that failed this way may or may not have
+// been applied, except when pgconn.SafeToRetry reports true for the error:
+// then the statement was never sent (a failure to connect is not marked
+// so, but applies nothing either). CompleteTx does not retry, since a
+// failed statement aborts the caller's transaction; it wraps
+// ErrUnavailable too, and the caller retries the whole transaction.
 //
 // Keys and fingerprints are bytes: NUL and invalid UTF-8 are kept. A key
 // must fit the primary key's index, about 2.7 kB after compression; a
@@ -102,7 +118,8 @@
 // idempotency.ReplayCache (Forget, ForgetAll), with the same contract as
 // redisstore's: PostgreSQL keeps no notification for a session that is not
 // listening, so reset is called each time LISTEN succeeds, and failures
-// are reported and retried about once a second. A notification's payload
+// are reported and retried about once a second (a pooled connection found
+// dead when LISTEN is sent is passed over at once). A notification's payload
 // is under 8000 bytes and a key goes as hex, so the deletion of a key
 // longer than 3999 bytes is announced as a marker on which watchers call
 // reset.
@@ -120,10 +137,8 @@
 //
 // # Cleanup
 //
-// Expired rows are ignored by every operation and overwritten by the next
-// Begin of their key. Sweep deletes them in bounded batches (one short
-// statement per batch, skipping rows locked by writers); run it
-// periodically. It keeps the tombstones of Release and Delete for a
-// minute by the server's clock, so that a Begin that drew its token just
-// before still meets the row and draws a larger one.
+// Expired rows, tombstones included, are ignored by every operation and
+// overwritten by the next Begin of their key. Sweep deletes them in bounded
+// batches (one short statement per batch, skipping rows locked by
+// writers); run it periodically.
 package pgstore

@@ -30,9 +30,12 @@ func faultGuard(t *testing.T, s *Store, clk *clock) *idempotency.Guard {
 }
 
 // TestConnectionKilledMidComplete terminates the backend that runs
-// Complete's UPDATE while it waits on a row lock: the result is not stored,
-// the key stays in flight for the rest of the lease (fn does not run
-// again), and afterwards it is taken over and completes normally.
+// Complete's UPDATE while it waits on a row lock (the server rolls the
+// statement back and ends the session with a FATAL notice): Complete runs
+// again on another connection and, once the lock is gone, stores the
+// result. fn ran once, Do succeeds, and the result is replayed. The
+// terminated statement used to fail the Guard's Complete with
+// ErrUnavailable, leaving the key in flight for the rest of its lease.
 func TestConnectionKilledMidComplete(t *testing.T) {
 	s, pool := newTestStore(t, Options{})
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -52,69 +55,64 @@ func TestConnectionKilledMidComplete(t *testing.T) {
 	fn := func(context.Context) (idempotency.Response, error) {
 		runs.Add(1)
 		// Hold the row so that Complete's UPDATE waits, then kill the
-		// backend that waits.
+		// backend that waits, and let the row go once another waits.
 		if _, err := blocker.Exec(ctx, s.names.Replace("SELECT 1 FROM {{table}} WHERE key = $1 FOR UPDATE"), []byte(key)); err != nil {
 			t.Errorf("locking the row: %v", err)
 		}
-		go func() { killed <- killWaitingComplete(ctx, pool, s) }()
+		go func() {
+			killed <- func() error {
+				pid, err := waitingComplete(ctx, pool, s, 0)
+				if err != nil {
+					return err
+				}
+				var ok bool
+				if err := pool.QueryRow(ctx, "SELECT pg_terminate_backend($1)", pid).Scan(&ok); err != nil || !ok {
+					return errors.Join(errors.New("pg_terminate_backend failed"), err)
+				}
+				if _, err := waitingComplete(ctx, pool, s, pid); err != nil {
+					return fmt.Errorf("after the kill: %w", err)
+				}
+				return blocker.Rollback(ctx)
+			}()
+		}()
 		return idempotency.Response{Status: 200, Body: []byte("charged")}, nil
 	}
 	_, out, err := g.Do(ctx, key, "fp", fn)
-	if out != idempotency.Executed || !errors.Is(err, idempotency.ErrUnavailable) {
-		t.Fatalf("Do with the connection killed in Complete = %v, %v; want Executed and ErrUnavailable", out, err)
-	}
 	if kerr := <-killed; kerr != nil {
 		t.Fatalf("killing the backend: %v", kerr)
 	}
-	if err := blocker.Rollback(ctx); err != nil {
-		t.Fatal(err)
+	if out != idempotency.Executed || err != nil {
+		t.Fatalf("Do with the connection killed in Complete = %v, %v; want Executed", out, err)
 	}
-
 	again := func(context.Context) (idempotency.Response, error) {
 		runs.Add(1)
 		return idempotency.Response{Status: 200, Body: []byte("charged again")}, nil
 	}
-	// Inside the lease: in flight, fn does not run.
-	clk.Advance(lease - time.Millisecond)
-	if _, out, err := g.Do(ctx, key, "fp", again); out != idempotency.InFlight || !errors.Is(err, idempotency.ErrInFlight) {
-		t.Fatalf("Do inside the lease = %v, %v; want InFlight", out, err)
+	if resp, out, err := g.Do(ctx, key, "fp", again); out != idempotency.Replayed || err != nil || string(resp.Body) != "charged" {
+		t.Fatalf("Do after the kill = %q, %v, %v; want the result replayed", resp.Body, out, err)
 	}
 	if n := runs.Load(); n != 1 {
-		t.Fatalf("fn ran %d times inside the lease, want 1", n)
-	}
-	// After the lease: the key recovers.
-	clk.Advance(time.Millisecond)
-	if resp, out, err := g.Do(ctx, key, "fp", again); out != idempotency.Executed || err != nil || string(resp.Body) != "charged again" {
-		t.Fatalf("Do after the lease = %q, %v, %v; want Executed", resp.Body, out, err)
-	}
-	if resp, out, err := g.Do(ctx, key, "fp", again); out != idempotency.Replayed || err != nil || string(resp.Body) != "charged again" {
-		t.Fatalf("Do after recovery = %q, %v, %v; want a replay", resp.Body, out, err)
-	}
-	if n := runs.Load(); n != 2 {
-		t.Fatalf("fn ran %d times, want 2 (once, then once after the lease)", n)
+		t.Fatalf("fn ran %d times, want 1", n)
 	}
 }
 
-// killWaitingComplete terminates the backend that waits on a lock in
-// Complete's UPDATE of s's table, polling for at most 10 seconds.
-func killWaitingComplete(ctx context.Context, pool *pgxpool.Pool, s *Store) error {
+// waitingComplete returns the pid of a backend, other than except, that
+// waits on a lock in Complete's UPDATE of s's table, polling for at most 10
+// seconds.
+func waitingComplete(ctx context.Context, pool *pgxpool.Pool, s *Store, except int32) (int32, error) {
 	table := s.names.Replace("{{table}}")
 	deadline := time.Now().Add(10 * time.Second)
 	for time.Now().Before(deadline) {
 		var pid int32
 		err := pool.QueryRow(ctx, `SELECT pid FROM pg_stat_activity
-			WHERE pid <> pg_backend_pid() AND wait_event_type = 'Lock'
-			AND position($1 IN query) > 0 AND position('''DONE''' IN query) > 0`, table).Scan(&pid)
+			WHERE pid <> pg_backend_pid() AND pid <> $2 AND wait_event_type = 'Lock'
+			AND position($1 IN query) > 0 AND position('''DONE''' IN query) > 0`, table, except).Scan(&pid)
 		if err == nil {
-			var ok bool
-			if err := pool.QueryRow(ctx, "SELECT pg_terminate_backend($1)", pid).Scan(&ok); err != nil || !ok {
-				return errors.Join(errors.New("pg_terminate_backend failed"), err)
-			}
-			return nil
+			return pid, nil
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
-	return errors.New("no backend waited in Complete within 10s")
+	return 0, errors.New("no backend waited in Complete within 10s")
 }
 
 // TestCompleteAppliedButAckLost cuts the server's answer to Complete (a

@@ -126,9 +126,17 @@ func (p *privatePG) Start() {
 		if lastErr = p.waitReady(exited); lastErr == nil {
 			return
 		}
-		p.Kill()
 		// The backends of a killed server may still be exiting and
-		// holding its shared memory: try again shortly.
+		// holding its shared memory, and the new postmaster then exits at
+		// once ("pre-existing shared memory block is still in use"): try
+		// again shortly. Kill only one still running: signalling one that
+		// has exited failed the test instead.
+		select {
+		case <-exited:
+			p.cmd = nil
+		default:
+			p.Kill()
+		}
 		time.Sleep(200 * time.Millisecond)
 	}
 	log, _ := os.ReadFile(filepath.Join(filepath.Dir(p.dir), "postgres.log"))
@@ -173,7 +181,14 @@ func (p *privatePG) signal(sig syscall.Signal) {
 	}
 	pid := p.cmd.Process.Pid
 	if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
-		p.t.Fatalf("stopping the private postmaster: %v", err)
+		state := "running"
+		select {
+		case <-p.exited:
+			state = p.cmd.ProcessState.String()
+		default:
+		}
+		log, _ := os.ReadFile(filepath.Join(filepath.Dir(p.dir), "postgres.log"))
+		p.t.Fatalf("stopping the private postmaster: %v (%s); its log:\n%s", err, state, log)
 	}
 	waitStopped(p.t, pid)
 	for _, child := range childPids(pid) {

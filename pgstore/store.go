@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"math/rand/v2"
+	"net"
 	"regexp"
 	"strings"
 	"sync/atomic"
@@ -76,10 +78,10 @@ type Store struct {
 	channel       string // of Delete's notifications; see deletesChannel
 	lockKey       int64  // advisory lock of Migrate
 
-	retries atomic.Int64 // statements run again (serialization, deadlock, stale snapshot), for tests
+	retries atomic.Int64 // statements run again (serialization, deadlock, stale snapshot, lost connection), for tests
 
-	beginSQL, completeSQL, extendSQL, releaseSQL, getSQL, deleteSQL, sweepSQL string
-	names                                                                     *strings.Replacer
+	beginSQL, tokenSQL, completeSQL, extendSQL, releaseSQL, getSQL, deleteSQL, sweepSQL string
+	names                                                                               *strings.Replacer
 }
 
 var _ idempotency.Store = (*Store)(nil)
@@ -92,9 +94,6 @@ const (
 	// maxBackoff bounds the pause before a statement is run again after a
 	// retryable failure; the pauses double from a millisecond up to it.
 	maxBackoff = 32 * time.Millisecond
-	// tombstoneGrace is how long Sweep keeps a tombstone, by the server's
-	// clock; see releaseSQL.
-	tombstoneGrace = time.Minute
 )
 
 var identRE = regexp.MustCompile(`^[a-z_][a-z0-9_]*$`)
@@ -156,8 +155,7 @@ func (s *Store) prepareSQL() {
 		if s.clock == ServerClock {
 			now = serverNow
 		}
-		q = strings.ReplaceAll(s.names.Replace(q), "{{servernow}}", "("+serverNow+")")
-		return strings.ReplaceAll(q, "{{now}}", "("+now+")")
+		return strings.ReplaceAll(s.names.Replace(q), "{{now}}", "("+now+")")
 	}
 	// $1 key, $2 fingerprint, $3 lease, $4 retention, $5 now.
 	//
@@ -169,13 +167,25 @@ func (s *Store) prepareSQL() {
 	// writer got there first, the claim is empty and cur is stale (absent or
 	// claimable): Begin sees that and runs the statement again, with a new
 	// snapshot.
+	//
+	// The token is drawn under the key's row lock, after every earlier row
+	// of the key has ended, so that it is larger than all their tokens:
+	// by DO UPDATE, under the lock of the row it replaces, and for a new
+	// row by tokenSQL, the next statement of the same transaction, since
+	// the inserted row holds 0 (no token) until then. An INSERT computes its
+	// row, nextval included, before it meets the key's unique index; a
+	// token drawn there was smaller than that of a claim made, ended and
+	// swept while the INSERT waited (on a row lock, or paused), and the
+	// INSERT then found no row and kept it (idemcheck's store mode caught
+	// it with Release deleting the row, TestLateBeginAfterReleaseGetsLargerToken
+	// with Sweep deleting an expired one).
 	s.beginSQL = sql(`WITH cur AS (
 	SELECT fingerprint, state, token, lease_until, expires_at, status, headers, body,
 		expires_at <= {{now}} OR (state = 'PROCESSING' AND fingerprint = $2::bytea AND lease_until <= {{now}}) AS claimable
 	FROM {{table}} WHERE key = $1::bytea
 ), claim AS (
 	INSERT INTO {{table}} AS r (key, fingerprint, state, token, lease_until, expires_at)
-	SELECT $1::bytea, $2::bytea, 'PROCESSING', nextval('{{seq}}'), {{now}} + $3::bigint, {{now}} + $4::bigint
+	SELECT $1::bytea, $2::bytea, 'PROCESSING', 0, {{now}} + $3::bigint, {{now}} + $4::bigint
 	WHERE NOT EXISTS (SELECT FROM cur WHERE NOT claimable)
 	ON CONFLICT (key) DO UPDATE SET
 		fingerprint = excluded.fingerprint,
@@ -194,6 +204,9 @@ SELECT * FROM claim
 UNION ALL
 SELECT fingerprint, state, token, lease_until, expires_at, status, headers, body, false, claimable
 FROM cur WHERE NOT EXISTS (SELECT FROM claim)`, 5)
+	// $1 key. It finds a row only after beginSQL inserted one, in the same
+	// transaction: other transactions never see a token of 0.
+	s.tokenSQL = sql(`UPDATE {{table}} SET token = nextval('{{seq}}') WHERE key = $1::bytea AND token = 0 RETURNING token`, 0)
 	// $1 key, $2 token, $3 status, $4 headers, $5 body, $6 retention, $7 now.
 	s.completeSQL = sql(`UPDATE {{table}} SET state = 'DONE', status = $3, headers = $4, body = $5,
 	lease_until = NULL, expires_at = {{now}} + $6::bigint
@@ -202,24 +215,18 @@ WHERE key = $1 AND token = $2 AND state = 'PROCESSING'`, 7)
 	s.extendSQL = sql(`UPDATE {{table}} SET lease_until = {{now}} + $3::bigint,
 	expires_at = greatest(expires_at, {{now}} + $3::bigint)
 WHERE key = $1 AND token = $2 AND state = 'PROCESSING'`, 4)
-	// Release and Delete leave a tombstone, not a gap: the row stays, done
-	// and already expired, so the next Begin claims it through ON CONFLICT
-	// DO UPDATE, which takes its token from the sequence under the row
-	// lock. Deleting the row let a Begin that had drawn its token before the
-	// release insert it afterwards: a token smaller than the released one
-	// (idemcheck's store mode caught it). Sweep removes a tombstone only
-	// tombstoneGrace after it was made, by the server's clock, which the
-	// tombstone keeps in lease_until (a Done record has none otherwise):
-	// removed at once, it left the same gap to a Begin paused between
-	// drawing its token and meeting the row.
-	s.releaseSQL = sql(`UPDATE {{table}} SET state = 'DONE', lease_until = {{servernow}}, expires_at = 0,
+	// Release and Delete leave a tombstone: the row stays, done and
+	// already expired, with the claim's token, until Sweep removes it. A
+	// Release run again after its connection broke finds it and knows it
+	// was applied (see Release).
+	s.releaseSQL = sql(`UPDATE {{table}} SET state = 'DONE', lease_until = NULL, expires_at = 0,
 	status = NULL, headers = NULL, body = NULL
 WHERE key = $1 AND token = $2 AND state = 'PROCESSING'`, 0)
 	// Delete announces the key for WatchDeletes in the same statement:
 	// NOTIFY is delivered when the transaction commits, and not at all if
 	// it rolls back. An absent key changes no row and announces nothing.
 	s.deleteSQL = sql(`WITH d AS (
-	UPDATE {{table}} SET state = 'DONE', lease_until = {{servernow}}, expires_at = 0,
+	UPDATE {{table}} SET state = 'DONE', lease_until = NULL, expires_at = 0,
 		status = NULL, headers = NULL, body = NULL
 	WHERE key = $1
 	RETURNING key
@@ -232,8 +239,6 @@ FROM {{table}} WHERE key = $1 AND expires_at > {{now}}`, 2)
 	// subquery; rows locked by a writer are left for the next sweep.
 	s.sweepSQL = sql(`DELETE FROM {{table}} WHERE ctid = ANY (ARRAY(
 	SELECT ctid FROM {{table}} WHERE expires_at <= {{now}}
-		AND (state <> 'DONE' OR lease_until IS NULL OR lease_until <= {{servernow}} - `+
-		fmt.Sprint(int64(tombstoneGrace))+`)
 	LIMIT $1 FOR UPDATE SKIP LOCKED))`, 2)
 }
 
@@ -250,27 +255,66 @@ func (s *Store) args(now time.Time, args ...any) []any {
 // and the snapshot's row is no answer. A new statement sees the change.
 var errBeginRace = errors.New("pgstore: begin raced with a concurrent insert")
 
+// rerun says when run may run an operation's statement again after a
+// failure of its connection.
+type rerun int
+
+const (
+	// rerunUnsent: only when pgx reports that nothing was sent
+	// (pgconn.SafeToRetry). For Delete, whose second run could delete a
+	// claim made after the first had applied.
+	rerunUnsent rerun = iota
+	// rerunLost: also when the connection broke once the statement was
+	// sent, so that it may have been applied: running it again does no harm
+	// (Get, Sweep; Begin, which then meets its own claim and answers in
+	// flight, as a second request would; Extend, which sets the same lease
+	// again), or f tells the two cases apart (Complete, Release).
+	rerunLost
+)
+
 // run calls f until it succeeds, fails for good or OpTimeout has passed,
-// and wraps failures of the database with ErrUnavailable. A retryable
-// failure applied nothing (the statement's transaction was rolled back, or
-// Begin claimed nothing), so f runs again, after a pause that doubles and
-// is jittered: under SERIALIZABLE many statements on distinct keys fail
-// together (predicate locks cover index pages, not keys), and a few quick
-// tries in step were not enough for 64 concurrent callers, which lost
-// Complete's result to a serialization failure.
-func (s *Store) run(ctx context.Context, op string, f func(context.Context) error) error {
+// and wraps failures of the database with ErrUnavailable. f's argument
+// again says that an earlier call may have been applied.
+//
+// A serialization failure, a deadlock or errBeginRace applied nothing (the
+// statement's transaction was rolled back, or Begin claimed nothing), so f
+// runs again, after a pause that doubles and is jittered: under
+// SERIALIZABLE many statements on distinct keys fail together (predicate
+// locks cover index pages, not keys), and a few quick tries in step were
+// not enough for 64 concurrent callers, which lost Complete's result to a
+// serialization failure.
+//
+// A statement whose connection had broken (see connLost) runs again at
+// once, as policy allows: the pool's next connection may be sound. After a
+// restart of the server every connection the pool held is dead, and each
+// failed one call; they now fail one try each, and the pool drops them. A
+// failure to connect is not retried, so that a server that is down fails
+// calls at once.
+func (s *Store) run(ctx context.Context, op string, policy rerun, f func(ctx context.Context, again bool) error) error {
 	if err := ctx.Err(); err != nil {
 		return fmt.Errorf("pgstore: %s: %w", op, err)
 	}
 	ctx, cancel := context.WithTimeout(ctx, s.timeout)
 	defer cancel()
 	backoff := time.Millisecond
+	again := false
 	for {
-		err := f(ctx)
+		err := f(ctx, again)
 		if err == nil || errors.Is(err, idempotency.ErrLeaseLost) || errors.Is(err, idempotency.ErrNotFound) {
 			return err
 		}
-		if !retryable(err) || ctx.Err() != nil {
+		if ctx.Err() != nil {
+			return fmt.Errorf("pgstore: %s: %w: %w", op, idempotency.ErrUnavailable, err)
+		}
+		switch {
+		case pgconn.SafeToRetry(err):
+			s.retries.Add(1)
+			continue
+		case policy == rerunLost && connLost(err):
+			s.retries.Add(1)
+			again = true
+			continue
+		case !retryable(err):
 			return fmt.Errorf("pgstore: %s: %w: %w", op, idempotency.ErrUnavailable, err)
 		}
 		s.retries.Add(1)
@@ -285,6 +329,8 @@ func (s *Store) run(ctx context.Context, op string, f func(context.Context) erro
 	}
 }
 
+// retryable reports the failures that applied nothing and may pass if the
+// statement runs again a little later.
 func retryable(err error) bool {
 	if errors.Is(err, errBeginRace) {
 		return true
@@ -293,19 +339,57 @@ func retryable(err error) bool {
 	return errors.As(err, &pe) && (pe.Code == "40001" || pe.Code == "40P01")
 }
 
+// connLost reports a failure of the connection that a sent statement was
+// on (its end of file, a reset, a network error, or the server's FATAL
+// notice before it closes the session, as a server that shuts down sends):
+// the statement may or may not have been applied. pgx does not mark these
+// SafeToRetry, even when, as after a restart of the server, the connection
+// was dead before the statement was written. A failure to connect is not
+// one (nothing was sent, but the server is likely down).
+func connLost(err error) bool {
+	var ce *pgconn.ConnectError
+	if errors.As(err, &ce) {
+		return false
+	}
+	var pe *pgconn.PgError
+	if errors.As(err, &pe) {
+		return pe.Severity == "FATAL" || pe.Severity == "PANIC"
+	}
+	var ne net.Error
+	return errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, pgconn.ErrConnClosed) ||
+		errors.As(err, &ne)
+}
+
 // Begin implements idempotency.Store.
 func (s *Store) Begin(ctx context.Context, key, fingerprint string, now time.Time, lease, retention time.Duration) (idempotency.Record, bool, error) {
 	var (
 		rec     idempotency.Record
 		claimed bool
 	)
-	err := s.run(ctx, "begin", func(ctx context.Context) error {
+	err := s.run(ctx, "begin", rerunLost, func(ctx context.Context, _ bool) error {
 		var (
 			row       recordRow
 			claimable bool
 		)
-		err := s.pool.QueryRow(ctx, s.beginSQL, s.args(now, []byte(key), []byte(fingerprint), span(lease), span(retention))...).
-			Scan(append(row.dest(), &claimed, &claimable)...)
+		// One round trip, one implicit transaction.
+		var b pgx.Batch
+		b.Queue(s.beginSQL, s.args(now, []byte(key), []byte(fingerprint), span(lease), span(retention))...)
+		b.Queue(s.tokenSQL, []byte(key))
+		br := s.pool.SendBatch(ctx, &b)
+		err := br.QueryRow().Scan(append(row.dest(), &claimed, &claimable)...)
+		if err == nil {
+			var token int64
+			switch err = br.QueryRow().Scan(&token); {
+			case err == nil:
+				row.token = token
+			case errors.Is(err, pgx.ErrNoRows): // no row inserted
+				err = nil
+			}
+		}
+		// Close waits for the commit, which may fail too (SERIALIZABLE).
+		if cerr := br.Close(); err == nil || errors.Is(err, pgx.ErrNoRows) && cerr != nil {
+			err = cerr
+		}
 		if errors.Is(err, pgx.ErrNoRows) || err == nil && !claimed && claimable {
 			return errBeginRace
 		}
@@ -327,8 +411,15 @@ func (s *Store) Begin(ctx context.Context, key, fingerprint string, now time.Tim
 // Complete implements idempotency.Store.
 func (s *Store) Complete(ctx context.Context, key string, token uint64, resp idempotency.Response, now time.Time, retention time.Duration) error {
 	args := s.completeArgs(key, token, resp, now, retention)
-	return s.run(ctx, "complete", func(ctx context.Context) error {
-		return s.affected(s.pool.Exec(ctx, s.completeSQL, args...))
+	return s.run(ctx, "complete", rerunLost, func(ctx context.Context, again bool) error {
+		err := s.affected(s.pool.Exec(ctx, s.completeSQL, args...))
+		if again && errors.Is(err, idempotency.ErrLeaseLost) {
+			// Only this claim's Complete makes a record Done with its
+			// token and a window (a tombstone's is over).
+			return s.appliedBefore(ctx, err, key, token,
+				"EXISTS (SELECT FROM {{table}} WHERE key = $1 AND token = $2 AND state = 'DONE' AND expires_at <> 0)")
+		}
+		return err
 	})
 }
 
@@ -367,22 +458,46 @@ func (s *Store) affected(tag pgconn.CommandTag, err error) error {
 
 // Extend implements idempotency.Store.
 func (s *Store) Extend(ctx context.Context, key string, token uint64, now time.Time, lease time.Duration) error {
-	return s.run(ctx, "extend", func(ctx context.Context) error {
+	return s.run(ctx, "extend", rerunLost, func(ctx context.Context, _ bool) error {
 		return s.affected(s.pool.Exec(ctx, s.extendSQL, s.args(now, []byte(key), int64(token), span(lease))...))
 	})
 }
 
 // Release implements idempotency.Store.
 func (s *Store) Release(ctx context.Context, key string, token uint64) error {
-	return s.run(ctx, "release", func(ctx context.Context) error {
-		return s.affected(s.pool.Exec(ctx, s.releaseSQL, []byte(key), int64(token)))
+	return s.run(ctx, "release", rerunLost, func(ctx context.Context, again bool) error {
+		err := s.affected(s.pool.Exec(ctx, s.releaseSQL, []byte(key), int64(token)))
+		if again && errors.Is(err, idempotency.ErrLeaseLost) {
+			// A tombstone with the claim's token (released, by the
+			// earlier try or by a Delete), or no row (a tombstone swept
+			// since): the key is free.
+			return s.appliedBefore(ctx, err, key, token,
+				"NOT EXISTS (SELECT FROM {{table}} WHERE key = $1 AND NOT (token = $2 AND state = 'DONE' AND expires_at = 0))")
+		}
+		return err
 	})
+}
+
+// appliedBefore is the answer of a token-fenced write that changed no row
+// (lost, its error) when an earlier try may have been applied: nil if
+// applied, a condition on key ($1) and token ($2), holds: the earlier try
+// left the key so.
+func (s *Store) appliedBefore(ctx context.Context, lost error, key string, token uint64, applied string) error {
+	var ok bool
+	err := s.pool.QueryRow(ctx, s.names.Replace("SELECT "+applied), []byte(key), int64(token)).Scan(&ok)
+	switch {
+	case err != nil:
+		return err
+	case ok:
+		return nil
+	}
+	return lost
 }
 
 // Get implements idempotency.Store.
 func (s *Store) Get(ctx context.Context, key string, now time.Time) (idempotency.Record, error) {
 	var rec idempotency.Record
-	err := s.run(ctx, "get", func(ctx context.Context) error {
+	err := s.run(ctx, "get", rerunLost, func(ctx context.Context, _ bool) error {
 		var row recordRow
 		err := s.pool.QueryRow(ctx, s.getSQL, s.args(now, []byte(key))...).Scan(row.dest()...)
 		if errors.Is(err, pgx.ErrNoRows) {
@@ -402,17 +517,18 @@ func (s *Store) Get(ctx context.Context, key string, now time.Time) (idempotency
 // by NOTIFY, delivered only if the statement commits. A key that is
 // absent is no error and is not announced.
 func (s *Store) Delete(ctx context.Context, key string) error {
-	return s.run(ctx, "delete", func(ctx context.Context) error {
+	return s.run(ctx, "delete", rerunUnsent, func(ctx context.Context, _ bool) error {
 		_, err := s.pool.Exec(ctx, s.deleteSQL, []byte(key))
 		return err
 	})
 }
 
 // Sweep deletes records that expired at now (ignored under ServerClock),
-// and tombstones older than a minute by the server's clock, at most limit
-// of them (limit <= 0: all), in batches of SweepBatch rows,
-// one statement each, so that no statement holds many row locks. It returns
-// the number of rows deleted, also when it fails part way.
+// tombstones included, at most limit of them (limit <= 0: all), in batches
+// of SweepBatch rows, one statement each, so that no statement holds many
+// row locks. It returns the number of rows deleted, also when it fails part
+// way; rows deleted by a try whose answer was lost (its connection broke,
+// and the batch was run again) are not counted.
 func (s *Store) Sweep(ctx context.Context, now time.Time, limit int) (int, error) {
 	total := 0
 	for limit <= 0 || total < limit {
@@ -421,7 +537,7 @@ func (s *Store) Sweep(ctx context.Context, now time.Time, limit int) (int, error
 			n = min(n, limit-total)
 		}
 		var deleted int64
-		err := s.run(ctx, "sweep", func(ctx context.Context) error {
+		err := s.run(ctx, "sweep", rerunLost, func(ctx context.Context, _ bool) error {
 			tag, err := s.pool.Exec(ctx, s.sweepSQL, s.args(now, n)...)
 			deleted = tag.RowsAffected()
 			return err

@@ -14,17 +14,20 @@ import (
 )
 
 // TestLateBeginAfterReleaseGetsLargerToken pins the interleaving behind
-// commit 4318f67: a Begin draws its token from the sequence, pauses, and
-// meanwhile another claim of the key is made (a larger token) and released
-// or deleted. When the late Begin goes on, its token must still be larger
-// than every token handed out for the key. When Release and Delete removed
-// the row, the late Begin inserted the token it had drawn, which is smaller;
-// with the tombstone it meets the row and draws again under the row lock.
+// commit 4318f67: a Begin builds the row it would insert, pauses before the
+// row meets the key's unique index, and meanwhile another claim of the key
+// is made (a larger token) and ended: released, deleted, or completed or
+// abandoned and then swept once expired. When the late Begin goes on, its
+// token must still be larger than every token handed out for the key. A
+// Begin used to draw its token as it built the row: when Release and
+// Delete removed the row, or Sweep removed an expired one, the late Begin
+// found no row and inserted that token, which is smaller. It now draws it
+// after the insert, under the row's lock.
 //
 // The pause is a BEFORE INSERT trigger that waits for an advisory lock the
-// test holds. Such a trigger runs after the statement has built the row,
-// nextval included, and before the row meets the key's unique index: just
-// where the race left the late Begin. Each step runs through Store methods.
+// test holds. Such a trigger runs after the statement has built the row
+// and before the row meets the key's unique index: just where the race
+// left the late Begin. Each step runs through Store methods.
 func TestLateBeginAfterReleaseGetsLargerToken(t *testing.T) {
 	start := time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)
 	ends := []struct {
@@ -42,6 +45,20 @@ func TestLateBeginAfterReleaseGetsLargerToken(t *testing.T) {
 			if err := s.Release(ctx, key, token); err != nil {
 				return err
 			}
+			_, err := s.Sweep(ctx, start.Add(2*retention), 0)
+			return err
+		}},
+		// Nor the record of a claim that completed and expired: a Done
+		// record is no tombstone, and Sweep deletes it once expired.
+		{"CompleteSweep", func(ctx context.Context, s *Store, key string, token uint64) error {
+			if err := s.Complete(ctx, key, token, idempotency.Response{Status: 200}, start, retention); err != nil {
+				return err
+			}
+			_, err := s.Sweep(ctx, start.Add(2*retention), 0)
+			return err
+		}},
+		// Nor the claim of a holder that crashed, once expired.
+		{"ExpireSweep", func(ctx context.Context, s *Store, key string, token uint64) error {
 			_, err := s.Sweep(ctx, start.Add(2*retention), 0)
 			return err
 		}},
@@ -80,7 +97,7 @@ func TestLateBeginAfterReleaseGetsLargerToken(t *testing.T) {
 }
 
 // lateBeginAfterEnd runs the interleaving on a claimable key whose earlier
-// tokens are handed: a Begin with fingerprint "late" draws a token and
+// tokens are handed: a Begin with fingerprint "late" builds its row and
 // pauses; a Begin with fingerprint "fp" claims the key and end gives it up;
 // then the late Begin goes on.
 func lateBeginAfterEnd(ctx context.Context, t *testing.T, s *Store, pool *pgxpool.Pool, key string, now time.Time, handed []uint64,
@@ -115,9 +132,10 @@ func lateBeginAfterEnd(ctx context.Context, t *testing.T, s *Store, pool *pgxpoo
 		}
 	})
 	// The late Begin is paused and nothing else draws tokens: the
-	// sequence's last value is the token in its pending row.
+	// sequence's last value is at least any token in its pending row (it
+	// had one when Begin drew it before the row met the key's index).
 	var drawn uint64
-	if err := pool.QueryRow(ctx, s.names.Replace("SELECT last_value FROM {{seq}}")).Scan(&drawn); err != nil {
+	if err := pool.QueryRow(ctx, s.names.Replace("SELECT CASE WHEN is_called THEN last_value ELSE 0 END FROM {{seq}}")).Scan(&drawn); err != nil {
 		t.Fatalf("reading the sequence: %v", err)
 	}
 

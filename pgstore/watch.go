@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/archlab/idempotency"
 )
@@ -152,20 +153,27 @@ func (s *Store) watchOnce(ctx context.Context, forget func(string), reset func()
 }
 
 // listen takes a connection out of the pool and listens on the channel,
-// within OpTimeout.
+// within OpTimeout. A connection that turns out dead (the pool still held
+// it when the server restarted) is dropped for the next one at once: else
+// each would cost a failure reported and a second more without the feed.
 func (s *Store) listen(ctx context.Context) (*pgx.Conn, error) {
 	ctx, cancel := context.WithTimeout(ctx, s.timeout)
 	defer cancel()
-	pc, err := s.pool.Acquire(ctx)
-	if err != nil {
-		return nil, err
-	}
-	conn := pc.Hijack()
-	if _, err := conn.Exec(ctx, "LISTEN "+pgx.Identifier{s.channel}.Sanitize()); err != nil {
+	for {
+		pc, err := s.pool.Acquire(ctx)
+		if err != nil {
+			return nil, err
+		}
+		conn := pc.Hijack()
+		_, err = conn.Exec(ctx, "LISTEN "+pgx.Identifier{s.channel}.Sanitize())
+		if err == nil {
+			return conn, nil
+		}
 		cctx, ccancel := context.WithTimeout(context.WithoutCancel(ctx), watchCloseTimeout)
-		defer ccancel()
 		_ = conn.Close(cctx)
-		return nil, fmt.Errorf("listen: %w", err)
+		ccancel()
+		if ctx.Err() != nil || !pgconn.SafeToRetry(err) && !connLost(err) {
+			return nil, fmt.Errorf("listen: %w", err)
+		}
 	}
-	return conn, nil
 }

@@ -1,9 +1,13 @@
 #!/usr/bin/env bash
 # bench-pg.sh: pgstore's Guard.Do on new keys against pgbench sending the
-# same two statements (Begin's INSERT ... ON CONFLICT, then Complete's
-# UPDATE with the returned token) at the same client count, on the same
-# server, interleaved in one run. Prints requests/s of each and the ratio
-# (goal: pgstore >= 80% of pgbench).
+# same statements (Begin's INSERT ... ON CONFLICT and the UPDATE that draws
+# a new row's token, then Complete's UPDATE with the returned token) at the
+# same client count, on the same server, interleaved in one run. Prints
+# requests/s of each and the ratio (goal: pgstore >= 80% of pgbench).
+# pgstore sends Begin's two statements as one batch (one round trip, one
+# implicit transaction); pgbench cannot read a result in pipeline mode, so
+# its script wraps them in BEGIN and COMMIT: two more round trips on its
+# side, which favours pgstore at low client counts.
 #
 #   IDEMPOTENCY_TEST_POSTGRES_URL=postgres://... scripts/bench-pg.sh
 #
