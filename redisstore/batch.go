@@ -37,6 +37,11 @@ import (
 // panic goes up its sender's stack, the others get an error and the queue
 // is handed on all the same.
 //
+// A node's queue lives as long as go-redis hands out the node's client:
+// when the topology changes, go-redis replaces node clients, and the
+// queues of those it no longer hands out are dropped once idle (see
+// sweep).
+//
 // Batching needs a client that bounds its I/O by the context
 // (ContextTimeoutEnabled); with one that does not, every call is sent on
 // its own (see call).
@@ -50,6 +55,8 @@ type batcher struct {
 	mu      sync.Mutex
 	sending bool // a caller is sending (a lone call or a batch)
 	queue   []*queued
+	// used says a call came through since the last sweep (see sweep).
+	used bool
 }
 
 // queued is one operation waiting for, or in, a batch.
@@ -96,8 +103,41 @@ func (s *Store) batcherFor(ctx context.Context, c redis.UniversalClient, key str
 	if b, ok := s.nodes.Load(node); ok {
 		return b.(*batcher)
 	}
-	b, _ := s.nodes.LoadOrStore(node, &batcher{c: c})
+	// A node client not seen before: the topology changed (or the node's
+	// batcher was swept while idle). Clients go-redis replaced meanwhile
+	// are no longer handed out; their batchers go now.
+	s.sweep()
+	b, _ := s.nodes.LoadOrStore(node, &batcher{c: c, used: true})
 	return b.(*batcher)
+}
+
+// sweep drops the batchers of the nodes that no call used since the last
+// sweep and that are idle. go-redis replaces a node's client when the
+// topology changes (a Cluster reload that drops a node, a failover to a
+// new address, a Ring's SetAddrs), and a new client shows up here as a
+// node not seen before, which is what runs a sweep: the hot path only
+// marks its batcher used, under the lock it takes anyway. A replaced
+// client still in use at one sweep goes at the next one. A live node
+// whose batcher was dropped gets a new one at its next call, and a caller
+// that found a batcher just before it was dropped still uses it: two
+// batchers of one node send side by side for a moment, as unbatched
+// calls do. A batcher with a caller sending or queued is never dropped.
+func (s *Store) sweep() {
+	if !s.sweeping.CompareAndSwap(false, true) {
+		return // another caller is at it
+	}
+	defer s.sweeping.Store(false)
+	s.nodes.Range(func(node, v any) bool {
+		b := v.(*batcher)
+		b.mu.Lock()
+		drop := !b.used && !b.sending && len(b.queue) == 0
+		b.used = false
+		b.mu.Unlock()
+		if drop {
+			s.nodes.CompareAndDelete(node, b)
+		}
+		return true
+	})
 }
 
 // batched runs sc for keys through the batcher of keys[0]'s node, whose
@@ -108,6 +148,7 @@ func (s *Store) batched(ctx context.Context, c redis.UniversalClient, sc *script
 		return sc.run(ctx, c, keys, args)
 	}
 	b.mu.Lock()
+	b.used = true
 	if !b.sending {
 		b.sending = true
 		b.mu.Unlock()

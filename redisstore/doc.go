@@ -16,10 +16,14 @@
 //
 // The PUBLISH goes to the node that holds the key, which has just answered
 // the HDEL: on Cluster the key's master (go-redis would send the keyless
-// PUBLISH to any master, maybe one that is down or failing over), and Redis
-// Cluster passes the message on to the subscribers on every node; on a Ring
-// the key's shard, and since a Ring's shards share nothing, WatchDeletes
-// subscribes on each live shard. Where a Cluster's master cannot be told
+// PUBLISH to any master, maybe one that is down or failing over), on a
+// Ring the key's shard. WatchDeletes subscribes on each master of a
+// Cluster and each live shard of a Ring, and so hears every announcement
+// from the node it was made on. (Redis Cluster passes a PUBLISH on to the
+// subscribers on every node too, but over its bus, which drops messages
+// for a node that was unreachable for a while; its subscribers would not
+// know. A Cluster's watcher hears those copies as well: a key may be
+// forgotten once per master.) Where a Cluster's master cannot be told
 // (no slot map yet) go-redis routes the PUBLISH itself; on a Ring whose
 // shard for the key is down, Delete fails with ErrUnavailable before the
 // HDEL (see Ring).
@@ -141,6 +145,15 @@
 // or Release would find its own work done and answer ErrLeaseLost. Such a
 // call fails with ErrUnavailable instead. Failed dials, before anything was
 // sent, are still retried by the client's pool, and so are Get's reads.
+//
+// A write that timed out may also be applied after the call returned: it
+// can wait in a paused or overloaded server's socket and run when the
+// server gets to it, however late. For Begin, Complete and Release that
+// is what "may have been applied" already covers (a late claim holds the
+// key until its lease ends). A late Delete is the one an operator may
+// trip on: the record is replayed after the error and removed afterwards,
+// and a claim made in between is removed with it. Retry a failed Delete
+// until it succeeds before acting on the key (see Store.Delete).
 //
 // A cancelled ctx is noticed before a call is sent, and by a call waiting
 // in the batcher's queue; but go-redis bounds the I/O under way only by a

@@ -226,8 +226,15 @@ type privateCluster struct {
 
 func startPrivateCluster(t testing.TB) *privateCluster {
 	t.Helper()
+	return startPrivateClusterOf(t, [][2]int{{0, 8191}, {8192, 16383}})
+}
+
+// startPrivateClusterOf is startPrivateCluster with a master for each of
+// ranges, which must cover the slots.
+func startPrivateClusterOf(t testing.TB, ranges [][2]int) *privateCluster {
+	t.Helper()
 	args := []string{"--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf", "--cluster-node-timeout", "500"}
-	pc := &privateCluster{ranges: [][2]int{{0, 8191}, {8192, 16383}}}
+	pc := &privateCluster{ranges: ranges}
 	ctx := context.Background()
 	for i := range pc.ranges {
 		ps := startPrivateServer(t, args...)
@@ -241,8 +248,10 @@ func startPrivateCluster(t testing.TB) *privateCluster {
 		}
 		pc.nodes, pc.admin, pc.ids = append(pc.nodes, ps), append(pc.admin, c), append(pc.ids, id)
 	}
-	if err := pc.admin[0].Do(ctx, "cluster", "meet", "127.0.0.1", pc.nodes[1].port).Err(); err != nil {
-		t.Fatal(err)
+	for _, n := range pc.nodes[1:] {
+		if err := pc.admin[0].Do(ctx, "cluster", "meet", "127.0.0.1", n.port).Err(); err != nil {
+			t.Fatal(err)
+		}
 	}
 	pc.waitOK(t, pc.admin...)
 	return pc

@@ -88,7 +88,8 @@ type Store struct {
 
 	ring       *ringHome // a Ring's shards as built, to find each key's own
 	batch      batcher
-	nodes      sync.Map      // Cluster or Ring: *redis.Client of a node -> *batcher
+	nodes      sync.Map      // Cluster or Ring: *redis.Client of a node -> *batcher (see sweep)
+	sweeping   atomic.Bool   // a sweep of nodes is under way
 	batches    atomic.Uint64 // pipelines sent by the batcher, for tests
 	batchedOps atomic.Uint64 // operations in them
 }
@@ -497,6 +498,26 @@ func (s *Store) Get(ctx context.Context, key string, now time.Time) (idempotency
 // Delete implements idempotency.Store. Like Release it keeps the token as a
 // tombstone; the key's TTL stays. The deletion is then announced for
 // WatchDeletes, within ctx's deadline even if ctx is cancelled meanwhile.
+//
+// A Delete that fails with ErrUnavailable may have been applied, and may
+// still be applied after it returned: one that timed out (OpTimeout, a
+// paused or overloaded server, a slow network) can wait in the server's
+// socket and run when the server gets to it, with nothing but the server
+// to bound how late. Until then the record is still there, and a retry of
+// the request replays it; afterwards it is gone, and the next retry runs
+// the operation again. A late Delete also removes whatever the key holds
+// by then: a claim made meanwhile (after the record expired or was
+// released) loses its lease, its holder's Complete fails with
+// ErrLeaseLost, and a retry may run the operation alongside it. And a
+// late Delete is not announced (its caller had given up), so other
+// processes' replay caches keep the record until their TTL. So a failed
+// Delete settles nothing, and a replay seen after it does not mean the
+// record stays: call Delete again until it succeeds (deleting twice is
+// deleting once) before acting on the key. The store does not make a late
+// Delete a no-op: Redis has no deadline per command, and a deadline
+// checked by the script would compare the caller's clock with the
+// server's (a host whose clock lags by more than OpTimeout could delete
+// nothing).
 func (s *Store) Delete(ctx context.Context, key string) error {
 	if err := ctx.Err(); err != nil {
 		return fmt.Errorf("redisstore: delete: %w", err)
@@ -541,13 +562,15 @@ func (s *Store) Delete(ctx context.Context, key string) error {
 
 // announcer returns the client that announces the deletion of the Redis
 // key k, whose HDEL went through c: on a Cluster or a Ring, the node that
-// holds k, which has just answered the HDEL. A Cluster's client would send
-// the keyless PUBLISH to any master, maybe one that is down or failing
-// over while k's is not; every node passes a message on to the
-// subscribers of the whole cluster. A Ring's shards share nothing, so
-// WatchDeletes listens on each of them (c is already k's shard). Where
-// the master cannot be told (no slot map yet), the client routes the
-// PUBLISH itself.
+// holds k, which has just answered the HDEL. WatchDeletes listens on each
+// of them (see watchNodes), so it hears the announcement from the node it
+// was made on: a Cluster passes a PUBLISH on to its other nodes over its
+// bus, but not reliably (a node unreachable for a while misses what the
+// others published meanwhile, and its subscribers would never know), and
+// a Ring's shards share nothing. A Cluster's client would send the
+// keyless PUBLISH to any master, maybe one that is down or failing over
+// while k's is not. Where the master cannot be told (no slot map yet),
+// the client routes the PUBLISH itself.
 func (s *Store) announcer(ctx context.Context, c redis.UniversalClient, k string) redis.UniversalClient {
 	if cc, ok := c.(*redis.ClusterClient); ok {
 		if n, err := cc.MasterForKey(ctx, k); err == nil {
@@ -657,39 +680,47 @@ var (
 // and report run on WatchDeletes's goroutine, one at a time.
 //
 // Delete announces through the node that holds the key, which has just
-// answered its HDEL. WatchDeletes holds one connection of its own (a
-// pub/sub subscription): on a Cluster every node passes a message on to
-// all, so one subscription anywhere hears every master. A Ring's shards
-// share nothing: there it holds one subscription on each live shard, all
-// made again (with a reset, since announcements on a shard it did not
-// listen on were missed) when the ring marks a shard down or up or its
-// addresses change. An ACL user needs SUBSCRIBE and PUBLISH on the channel
-// Prefix+"deleted" (for example &idem:deleted); a Delete whose announcement
-// is refused still succeeds, and says nothing. When ctx ends WatchDeletes
+// answered its HDEL. On a single node WatchDeletes holds one connection of
+// its own (a pub/sub subscription). On a Ring, whose shards share nothing,
+// it holds one on each live shard, all made again (with a reset, since
+// announcements on a shard it did not listen on were missed) when the
+// ring marks a shard down or up or its addresses change. On a Cluster it
+// holds one on each master, so that it hears each announcement from the
+// master it was made on: the cluster's bus passes a PUBLISH on to every
+// node, but a node that was unreachable for a while (paused, cut off)
+// misses some of what the others published meanwhile, and a subscriber
+// connected to it all along would never know. The bus's copies arrive
+// too, so on a Cluster forget may be called for a key once per master.
+// The masters are looked up again (CLUSTER SLOTS) every 15 s and after a
+// subscription fails; when they change (failover, resharding) the
+// subscriptions are made again, with a reset. Where there are several
+// subscriptions, each is reported and made again on its own when it
+// fails, and reset is called when it is back (what its node announced
+// meanwhile was missed), while the others go on.
+//
+// An ACL user needs SUBSCRIBE and PUBLISH on the channel Prefix+"deleted"
+// (for example &idem:deleted); a Delete whose announcement is refused
+// still succeeds, and says nothing. When ctx ends WatchDeletes
 // returns at once, or, while it is connecting to or pinging a server that
 // does not answer, when that exchange times out: within OpTimeout with a
 // client whose ContextTimeoutEnabled is set (15 s for the connection
 // go-redis makes again by itself after a broken receive), else within the
 // client's ReadTimeout.
 func (s *Store) WatchDeletes(ctx context.Context, forget func(key string), reset func(), report func(error)) error {
+	rep := func(err error) {
+		if report != nil {
+			report(fmt.Errorf("redisstore: watch deletes: %w", err))
+		}
+	}
 	for {
-		err := s.watchOnce(ctx, forget, reset)
+		err := s.watchOnce(ctx, forget, reset, rep)
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}
 		if errors.Is(err, errShardsChanged) {
-			continue // nothing failed: listen on the new shards at once
+			continue // nothing failed: listen on the new nodes at once
 		}
-		if report != nil {
-			report(fmt.Errorf("redisstore: watch deletes: %w", err))
-		}
-		if cc, ok := s.c.(*redis.ClusterClient); ok {
-			// go-redis subscribes on the master of the channel's slot as
-			// its slot map says, and nothing else reloads that map when
-			// the node dies (PUBLISH gets no MOVED) until it is a minute
-			// old: ask for it now, in the background, for the next try.
-			cc.ReloadState(ctx)
-		}
+		rep(err)
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
@@ -698,66 +729,136 @@ func (s *Store) WatchDeletes(ctx context.Context, forget func(key string), reset
 	}
 }
 
-// errShardsChanged ends a Ring's subscriptions when its live shards are
-// no longer those it listens on.
-var errShardsChanged = errors.New("the ring's live shards changed")
+// errShardsChanged ends the subscriptions on a Ring's live shards or a
+// Cluster's masters when those are no longer the ones listened on.
+var errShardsChanged = errors.New("the nodes to listen on changed")
 
-// watchOnce runs one subscription until it fails or ctx ends; it never
-// returns a nil error.
-func (s *Store) watchOnce(ctx context.Context, forget func(string), reset func()) error {
-	if ring, ok := s.c.(*redis.Ring); ok {
-		return s.watchRing(ctx, ring, forget, reset)
+// watchOnce runs one subscription (or one on each node) until it fails,
+// the nodes to listen on change, or ctx ends; it never returns a nil
+// error.
+func (s *Store) watchOnce(ctx context.Context, forget func(string), reset func(), report func(error)) error {
+	switch c := s.c.(type) {
+	case *redis.Ring:
+		return s.watchRing(ctx, c, forget, reset, report)
+	case *redis.ClusterClient:
+		return s.watchCluster(ctx, c, forget, reset, report)
 	}
 	return s.receive(ctx, s.c, reset, forget)
 }
 
-// watchRing subscribes on each live shard of ring, each on a goroutine of
-// its own, and passes on what they receive until one fails, the live
-// shards change (one is marked down or up again, or SetAddrs), or ctx
-// ends. reset is called once every shard has confirmed its subscription.
-func (s *Store) watchRing(ctx context.Context, ring *redis.Ring, forget func(string), reset func()) error {
+// watchRing listens on each live shard of ring until the live shards
+// change (one is marked down or up again, or SetAddrs); the ring's
+// heartbeat decides which are live, so it looks as often.
+func (s *Store) watchRing(ctx context.Context, ring *redis.Ring, forget func(string), reset func(), report func(error)) error {
 	shards := ring.GetShardClients()
 	if len(shards) == 0 {
 		return errors.New("no live shard in the ring")
 	}
+	changed := func() bool { return !sameShards(shards, ring.GetShardClients()) }
+	return s.watchNodes(ctx, shards, ring.Options().HeartbeatFrequency, changed, forget, reset, report)
+}
+
+// watchCluster listens on each master of cc until the masters change.
+// Delete announces on the key's master, and a subscriber there hears it
+// from that node itself: the cluster's bus passes a PUBLISH on to the
+// other nodes, but not reliably (a node unreachable for longer than half
+// the node timeout, paused or cut off, misses some of what the others
+// published meanwhile, and its subscribers, still connected, would never
+// know). The masters are looked up again (a CLUSTER SLOTS, see masters)
+// each watchPing, for those that a resharding adds, and after a
+// subscription fails, for a failover.
+func (s *Store) watchCluster(ctx context.Context, cc *redis.ClusterClient, forget func(string), reset func(), report func(error)) error {
+	masters, err := s.masters(ctx, cc)
+	if err != nil {
+		return err
+	}
+	changed := func() bool {
+		now, err := s.masters(ctx, cc)
+		return err == nil && !sameShards(masters, now)
+	}
+	return s.watchNodes(ctx, masters, watchPing, changed, forget, reset, report)
+}
+
+// masters returns cc's masters, from its slot map loaded anew, within
+// OpTimeout.
+func (s *Store) masters(ctx context.Context, cc *redis.ClusterClient) ([]*redis.Client, error) {
+	ctx, cancel := context.WithTimeout(ctx, s.timeout)
+	defer cancel()
+	var mu sync.Mutex
+	var masters []*redis.Client
+	err := cc.ForEachMaster(ctx, func(_ context.Context, n *redis.Client) error {
+		mu.Lock()
+		masters = append(masters, n)
+		mu.Unlock()
+		return nil
+	})
+	if err == nil && len(masters) == 0 {
+		err = errors.New("no master in the cluster's slot map")
+	}
+	return masters, err
+}
+
+// watchNodes subscribes on each of nodes, each on a goroutine of its own,
+// and passes on what they receive until changed (asked every interval,
+// and after a subscription fails) says the nodes to listen on are others,
+// or ctx ends; it then returns errShardsChanged or ctx's error. A node's
+// subscription that fails is reported and made again watchRetry later,
+// on its own: the others' go on, since each node's announcements come
+// from that node. reset is called once every node has confirmed its
+// subscription, and then each time one of them confirms it again (what
+// its node announced meanwhile was missed).
+func (s *Store) watchNodes(ctx context.Context, nodes []*redis.Client, every time.Duration, changed func() bool,
+	forget func(string), reset func(), report func(error)) error {
 	type event struct {
-		shard int
-		key   string
-		sub   bool // the shard's subscription is made
-		err   error
+		node int
+		key  string
+		sub  bool // the node's subscription is made
+		err  error
 	}
 	events := make(chan event)
 	ctx, cancel := context.WithCancel(ctx)
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	defer cancel()
-	for i, c := range shards {
+	for i, c := range nodes {
 		send := func(e event) {
-			e.shard = i
+			e.node = i
 			select {
 			case events <- e:
 			case <-ctx.Done():
 			}
 		}
 		wg.Go(func() {
-			err := s.receive(ctx, c, func() { send(event{sub: true}) }, func(k string) { send(event{key: k}) })
-			send(event{err: err})
+			for {
+				err := s.receive(ctx, c, func() { send(event{sub: true}) }, func(k string) { send(event{key: k}) })
+				if ctx.Err() != nil {
+					return
+				}
+				send(event{err: fmt.Errorf("%s: %w", c.Options().Addr, err)})
+				select {
+				case <-ctx.Done():
+					return
+				case <-time.After(watchRetry):
+				}
+			}
 		})
 	}
-	// The ring's heartbeat decides which shards are live; look as often.
-	tick := time.NewTicker(ring.Options().HeartbeatFrequency)
+	tick := time.NewTicker(every)
 	defer tick.Stop()
-	subscribed := make([]bool, len(shards))
-	pending := len(shards)
+	subscribed := make([]bool, len(nodes))
+	pending := len(nodes)
 	for {
 		select {
 		case e := <-events:
 			switch {
 			case e.err != nil:
-				return e.err
+				report(e.err)
+				if changed() {
+					return errShardsChanged
+				}
 			case e.sub:
-				if !subscribed[e.shard] {
-					subscribed[e.shard] = true
+				if !subscribed[e.node] {
+					subscribed[e.node] = true
 					pending--
 				}
 				if pending == 0 {
@@ -767,7 +868,7 @@ func (s *Store) watchRing(ctx context.Context, ring *redis.Ring, forget func(str
 				forget(e.key)
 			}
 		case <-tick.C:
-			if !sameShards(shards, ring.GetShardClients()) {
+			if changed() {
 				return errShardsChanged
 			}
 		case <-ctx.Done():

@@ -40,9 +40,9 @@ func TestWatchDeletes(t *testing.T) {
 	w.WantForgot(t, "c") // not "not-mine"
 }
 
-// TestWatchDeletesResubscribes: a subscription cut by the server is made
-// again, with a reset (deletions announced meanwhile are lost), and
-// deletions reach the watcher again.
+// TestWatchDeletesResubscribes: a subscription cut by the server is
+// reported and made again, with a reset (deletions announced meanwhile
+// are lost), and deletions reach the watcher again.
 func TestWatchDeletesResubscribes(t *testing.T) {
 	ps := startPrivateServer(t)
 	s := newStore(t, ps.client(t), Options{})
@@ -51,6 +51,7 @@ func TestWatchDeletesResubscribes(t *testing.T) {
 	if err := admin.Do(context.Background(), "client", "kill", "type", "pubsub").Err(); err != nil {
 		t.Fatal(err)
 	}
+	w.WantReport(t) // the loss is reported
 	w.WantReset(t)
 	mustDelete(t, s, "after")
 	w.WantForgot(t, "after")
@@ -58,6 +59,7 @@ func TestWatchDeletesResubscribes(t *testing.T) {
 	// A server gone for a while: the watcher keeps trying, and is back
 	// with a reset when the server is.
 	ps.kill()
+	w.WantReport(t)
 	time.Sleep(2 * watchRetry)
 	ps.start()
 	w.WantReset(t)
@@ -81,7 +83,23 @@ func TestWatchDeletesCluster(t *testing.T) {
 	// master holds the key.
 	for _, k := range []string{"a", "b", "c", "d", "e"} {
 		mustDelete(t, other, k)
-		w.WantForgot(t, k)
+		wantHeard(t, w, k)
+	}
+}
+
+// drainDups passes over the keys forgotten again (a Cluster's deletions
+// are heard from each master) before a test waits for a reset.
+func drainDups(w *testenv.Watcher) {
+	w.Forgot("\x00no such key", 300*time.Millisecond)
+}
+
+// wantHeard fails t unless w forgets key within w.Wait, passing over the
+// keys forgotten before: on a Cluster a deletion is heard from each master
+// (see watchCluster).
+func wantHeard(t testing.TB, w *testenv.Watcher, key string) {
+	t.Helper()
+	if !w.Forgot(key, w.Wait) {
+		t.Fatalf("deletion of %q not heard within %v", key, w.Wait)
 	}
 }
 
@@ -277,10 +295,9 @@ func TestDeleteAnnouncesAfterCallerCancels(t *testing.T) {
 }
 
 // TestWatchDeletesClusterMigrationAndFailure: on a private two-master
-// cluster, the subscription keeps receiving while the channel's slot
-// moves to the other master (pub/sub messages are broadcast to every
-// node), and when the node it is subscribed to dies and the survivor takes
-// over its slots, the subscription is made again there, with a reset.
+// cluster, the watcher listens on both masters and keeps receiving while
+// a slot moves to the other master, and when one dies and the survivor
+// takes over its slots, it listens on the survivor alone, with a reset.
 func TestWatchDeletesClusterMigrationAndFailure(t *testing.T) {
 	setWatchTimes(t, time.Second, 100*time.Millisecond)
 	pc := startPrivateCluster(t)
@@ -291,18 +308,20 @@ func TestWatchDeletesClusterMigrationAndFailure(t *testing.T) {
 	t.Cleanup(func() { cc.Close() })
 	s := newStore(t, cc, Options{Logger: discard(), OpTimeout: 500 * time.Millisecond})
 	w := testenv.Watch(t, s.WatchDeletes)
-	// x: the master the watcher subscribed to (the channel's slot); y: the other.
+	// x: the master of the channel's slot, which moves; y: the other.
 	slot := int(admin[0].ClusterKeySlot(ctx, s.deletesChannel()).Val())
 	x, y := 1, 0
 	if slot <= ranges[0][1] {
 		x, y = 0, 1
 	}
-	if n := admin[x].Do(ctx, "pubsub", "numsub", s.deletesChannel()).Val().([]any)[1].(int64); n != 1 {
-		t.Fatalf("the channel's master has %d subscribers, want the watcher", n)
+	for i := range admin {
+		if n := admin[i].Do(ctx, "pubsub", "numsub", s.deletesChannel()).Val().([]any)[1].(int64); n != 1 {
+			t.Fatalf("master %d has %d subscribers to the channel, want the watcher", i, n)
+		}
 	}
 	for i := range 4 { // keys on both masters
 		mustDelete(t, s, "a"+strconv.Itoa(i))
-		w.WantForgot(t, "a"+strconv.Itoa(i))
+		wantHeard(t, w, "a"+strconv.Itoa(i))
 	}
 
 	// The channel's slot moves to y (no key holds it: SETSLOT NODE alone).
@@ -314,10 +333,11 @@ func TestWatchDeletesClusterMigrationAndFailure(t *testing.T) {
 	}
 	for i := range 4 {
 		mustDelete(t, s, "b"+strconv.Itoa(i))
-		w.WantForgot(t, "b"+strconv.Itoa(i))
+		wantHeard(t, w, "b"+strconv.Itoa(i))
 	}
 
 	// x dies; y forgets it and takes its slots, as a failover would.
+	drainDups(w)
 	nodes[x].kill()
 	w.WantReport(t)
 	if err := admin[y].Do(ctx, "cluster", "forget", ids[x]).Err(); err != nil {
@@ -357,5 +377,112 @@ func TestWatchDeletesClusterMigrationAndFailure(t *testing.T) {
 				t.Fatalf("%q: no announcement heard within 10s after the failover", k)
 			}
 		}
+	}
+}
+
+// TestWatchDeletesClusterNodePaused: one master of three stops (SIGSTOP)
+// for longer than the cluster's node timeout, but not long enough for the
+// watcher's ping to notice; meanwhile keys held by another master are
+// deleted and announced there. The cluster's bus does not pass every
+// announcement on to the paused node, so a watcher that listened there
+// alone missed some and was never reset, leaving a replay cache serving
+// deleted records until their TTL. Each deletion must be heard (or the
+// watcher reset).
+func TestWatchDeletesClusterNodePaused(t *testing.T) {
+	setWatchTimes(t, 10*time.Second, 100*time.Millisecond)
+	// Three masters, so that the two others stay a majority and serve
+	// their slots while one is paused.
+	pc := startPrivateClusterOf(t, [][2]int{{0, 5460}, {5461, 10922}, {10923, 16383}})
+	for _, c := range pc.admin {
+		if err := c.ConfigSet(context.Background(), "cluster-require-full-coverage", "no").Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cc := redis.NewClusterClient(&redis.ClusterOptions{Addrs: pc.addrs(), ContextTimeoutEnabled: true, MaxRetries: 2})
+	t.Cleanup(func() { cc.Close() })
+	s := newStore(t, cc, Options{Logger: discard(), OpTimeout: 500 * time.Millisecond})
+	x := pc.node(t, s.deletesChannel()) // where a single subscription goes
+	y := (x + 1) % 3
+	keys := keysWhere(s, 8, func(k string) bool { return pc.node(t, k) == y })
+	w := testenv.Watch(t, s.WatchDeletes)
+	mustDelete(t, s, keys[0])
+	if !w.Forgot(keys[0], 5*time.Second) {
+		t.Fatalf("%s: deletion not heard", keys[0])
+	}
+
+	pc.nodes[x].signal(syscall.SIGSTOP)
+	paused := true
+	defer func() {
+		if paused {
+			pc.nodes[x].signal(syscall.SIGCONT)
+		}
+	}()
+	// Deletions spread over 4 s, 8 node timeouts: x's links to the others
+	// are dropped and made again meanwhile.
+	for _, k := range keys[1:] {
+		time.Sleep(500 * time.Millisecond)
+		if err := s.Delete(context.Background(), k); err != nil {
+			t.Fatalf("Delete(%s) on a live master while another is paused: %v", k, err)
+		}
+	}
+	time.Sleep(500 * time.Millisecond)
+	pc.nodes[x].signal(syscall.SIGCONT)
+	paused = false
+	for _, k := range keys[1:] {
+		if !w.Forgot(k, 5*time.Second) {
+			t.Fatalf("%s, deleted on master %d while master %d was paused: neither heard nor reset", k, y, x)
+		}
+	}
+	w.WantNoReport(t) // nothing failed
+}
+
+// TestWatchDeletesClusterMasterDown: one master of three dies (no
+// failover; the others serve their own slots). Its subscription's loss is
+// reported and tried again, but the deletions on the live masters are
+// still heard; when the master is back, the watcher listens there again,
+// with a reset (what it announced meanwhile was missed), and hears its
+// deletions.
+func TestWatchDeletesClusterMasterDown(t *testing.T) {
+	setWatchTimes(t, time.Second, 100*time.Millisecond)
+	pc := startPrivateClusterOf(t, [][2]int{{0, 5460}, {5461, 10922}, {10923, 16383}})
+	for _, c := range pc.admin {
+		if err := c.ConfigSet(context.Background(), "cluster-require-full-coverage", "no").Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cc := redis.NewClusterClient(&redis.ClusterOptions{Addrs: pc.addrs(), ContextTimeoutEnabled: true, MaxRetries: 2})
+	t.Cleanup(func() { cc.Close() })
+	s := newStore(t, cc, Options{Logger: discard(), OpTimeout: 500 * time.Millisecond})
+	x := pc.node(t, s.deletesChannel()) // where a single subscription goes
+	y := (x + 1) % 3
+	onX := keysWhere(s, 3, func(k string) bool { return pc.node(t, k) == x })
+	onY := keysWhere(s, 3, func(k string) bool { return pc.node(t, k) == y })
+	w := testenv.Watch(t, s.WatchDeletes)
+	mustDelete(t, s, onY[0])
+	wantHeard(t, w, onY[0])
+	drainDups(w)
+
+	pc.nodes[x].kill()
+	w.WantReport(t)
+	for _, k := range onY[1:] {
+		mustDelete(t, s, k)
+		wantHeard(t, w, k)
+	}
+
+	drainDups(w)
+	pc.nodes[x].start()
+	w.Wait = 10 * time.Second
+	w.WantReset(t)
+	// x's deletions are heard again; until the client reconnects to x a
+	// Delete of its key may fail, so each is tried until it succeeds.
+	for _, k := range onX {
+		deadline := time.Now().Add(10 * time.Second)
+		for s.Delete(context.Background(), k) != nil {
+			if time.Now().After(deadline) {
+				t.Fatalf("Delete(%s) still failing 10s after its master is back", k)
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+		wantHeard(t, w, k)
 	}
 }
