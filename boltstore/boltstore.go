@@ -21,26 +21,34 @@
 //
 // Sweeping. Each record is indexed by its expiry (big-endian ExpiresAt, then
 // key), so the records that left the window are the first entries of the
-// index. Every write transaction removes a few of them (Options.SweepPerWrite
-// per write), more than each write adds, so as long as writes go on the file
-// holds about the live window; Sweep removes a bounded backlog on demand, in
-// transactions of Options.SweepBatch records so that writers never wait for
-// long. Freed pages are reused by later writes; bbolt never shrinks the
+// index. Every Begin that writes and every Complete removes a few of them
+// (Options.SweepPerWrite each), more than each adds, so as long as writes go
+// on the file holds about the live window; Sweep removes a bounded backlog
+// on demand, in transactions of Options.SweepBatch records so that writers
+// never wait for long. Freed pages are reused by later writes; bbolt never shrinks the
 // file, so its size follows the largest window it ever held.
 //
 // Time. Leases and expiry are judged by the now the caller passes, as the
 // idempotency.Store contract says; the Store reads no clock.
 //
-// One process. bbolt locks its file (flock) for the process that opened it,
-// so a file serves one process at a time: instances that must share a dedup
-// window need redisstore or pgstore. Open waits Options.OpenTimeout for the
-// lock and then fails with ErrUnavailable wrapping bbolt.ErrTimeout.
+// One process. bbolt locks its file (flock) for the DB that opened it, so a
+// file serves one process at a time (and one Open within it): instances
+// that must share a dedup window need redisstore or pgstore. Open waits
+// Options.OpenTimeout for the lock and then fails with ErrUnavailable
+// wrapping bbolt.ErrTimeout. The kernel drops the lock of a process that
+// dies, even by SIGKILL, so a restarted process opens the file at once.
+//
+// Crashes. A process killed at any moment (SIGKILL, a panic elsewhere)
+// leaves a file that opens as of its last commit: every write acknowledged
+// before the kill is there, and tokens go on from above every token handed
+// out, since they come from a sequence committed with the claims.
 //
 // Errors. Engine failures (a closed store or DB, I/O errors, the file lock,
 // a key longer than bbolt.MaxKeySize-8 bytes) wrap idempotency.ErrUnavailable
-// together with bbolt's error. A write whose
-// ctx ends while it waits for its commit returns an error wrapping
-// ErrUnavailable and ctx.Err(): it may or may not have been applied.
+// together with bbolt's error (Get of such a key finds nothing:
+// ErrNotFound). A write whose ctx ends while it waits for its commit
+// returns an error wrapping ErrUnavailable and ctx.Err(): it may or may not
+// have been applied.
 //
 // A failing disk. When a commit fails (the disk is full, a write or an
 // fsync fails), every write of its batch fails with ErrUnavailable wrapping
@@ -87,6 +95,7 @@ import (
 	"runtime"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	bolt "go.etcd.io/bbolt"
@@ -115,7 +124,8 @@ type Options struct {
 	// refused with ErrInvalidConfig.
 	Bucket string
 	// OpenTimeout is how long Open waits for the file lock held by another
-	// process (0: DefaultOpenTimeout). New ignores it.
+	// process, or another Open in this one (0: DefaultOpenTimeout). New
+	// ignores it.
 	OpenTimeout time.Duration
 	// MaxBatchSize bounds the writes applied by one transaction
 	// (0: DefaultMaxBatchSize).
@@ -125,8 +135,9 @@ type Options struct {
 	// writes that arrive while the previous commit syncs). A positive delay
 	// trades the latency of every write for fewer fsyncs.
 	MaxBatchDelay time.Duration
-	// SweepPerWrite is how many expired records each write removes
-	// (0: DefaultSweepPerWrite; negative: none, leaving it all to Sweep).
+	// SweepPerWrite is how many expired records each Begin that writes and
+	// each Complete removes (0: DefaultSweepPerWrite; negative: none,
+	// leaving it all to Sweep).
 	SweepPerWrite int
 	// SweepBatch bounds the records one transaction of Sweep removes
 	// (0: DefaultSweepBatch).
@@ -187,8 +198,8 @@ var ErrFailedClosed = errors.New("boltstore: failed closed after a commit failed
 const maxKeyLen = bolt.MaxKeySize - 8
 
 // Open opens (creating if needed) the bbolt file at path and returns a
-// Store that owns it: Close closes the file. A file it creates is made
-// durable in its directory (the directory is synced) before Open returns.
+// Store that owns it: Close closes the file. The file is made durable in
+// its directory (the directory is synced) before Open returns.
 func Open(path string, opts *Options) (*Store, error) {
 	return open(path, opts, syncDir)
 }
@@ -199,8 +210,9 @@ func open(path string, opts *Options, syncDir func(dir string) error) (*Store, e
 	if err != nil {
 		return nil, err
 	}
-	_, statErr := os.Stat(path)
-	created := errors.Is(statErr, fs.ErrNotExist)
+	if err := create(path); err != nil {
+		return nil, fmt.Errorf("boltstore: open %s: create: %w: %w", path, idempotency.ErrUnavailable, err)
+	}
 	db, err := bolt.Open(path, 0o600, &bolt.Options{
 		Timeout: o.OpenTimeout,
 		// The sweep frees pages all the time; the hashmap freelist finds
@@ -216,14 +228,15 @@ func open(path string, opts *Options, syncDir func(dir string) error) (*Store, e
 	if err != nil {
 		return nil, fmt.Errorf("boltstore: open %s: %w: %w", path, idempotency.ErrUnavailable, err)
 	}
-	// bbolt syncs the new file but not the directory entry that names it:
+	// bbolt syncs a new file but not the directory entry that names it:
 	// until the directory is synced, a power cut may take the file, and
-	// every write acknowledged in it, away.
-	if created {
-		if err := syncDir(filepath.Dir(path)); err != nil {
-			_ = db.Close()
-			return nil, fmt.Errorf("boltstore: open %s: sync directory: %w: %w", path, idempotency.ErrUnavailable, err)
-		}
+	// every write acknowledged in it, away. The directory is synced on
+	// every Open, not only when this Open created the file: a process
+	// killed between bbolt's creating the file and this sync left a file
+	// that looks like any other.
+	if err := syncDir(filepath.Dir(path)); err != nil {
+		_ = db.Close()
+		return nil, fmt.Errorf("boltstore: open %s: sync directory: %w: %w", path, idempotency.ErrUnavailable, err)
 	}
 	s, err := newStore(db, o)
 	if err != nil {
@@ -232,6 +245,49 @@ func open(path string, opts *Options, syncDir func(dir string) error) (*Store, e
 	}
 	s.owned = true
 	return s, nil
+}
+
+// create makes the bbolt file at path, if there is none, so that the name
+// never shows a file bbolt has not finished: bbolt writes a new file's
+// first pages in place, and a file cut short there (a full disk, a kill in
+// the middle of the write, a power cut) has meta pages that name pages it
+// lacks, on which every later bolt.Open faults (SIGBUS) and the process
+// dies. So the file is made whole under a temporary name and then linked
+// to path: a link fails if path exists, so a file another process created
+// meanwhile is kept, not replaced. Where hard links are not supported,
+// bbolt creates the file in place, as before. A crash before the link
+// leaves a temporary file of a few pages behind.
+func create(path string) error {
+	if _, err := os.Stat(path); !errors.Is(err, fs.ErrNotExist) {
+		return nil // it exists, or bolt.Open will report why not
+	}
+	dir, base := filepath.Split(path)
+	f, err := os.CreateTemp(dir, "."+base+".creating-*")
+	if err != nil {
+		return err
+	}
+	tmp := f.Name()
+	// Once linked, path keeps the file; before, it is garbage.
+	defer os.Remove(tmp)
+	if err := f.Close(); err != nil {
+		return err
+	}
+	db, err := bolt.Open(tmp, 0o600, nil) // writes and syncs the first pages
+	if err != nil {
+		return err
+	}
+	if err := db.Close(); err != nil {
+		return err
+	}
+	if err := os.Link(tmp, path); err != nil && !errors.Is(err, fs.ErrExist) {
+		var lerr *os.LinkError
+		if errors.As(err, &lerr) && (errors.Is(lerr.Err, syscall.EPERM) || errors.Is(lerr.Err, syscall.ENOTSUP) ||
+			errors.Is(lerr.Err, syscall.EOPNOTSUPP) || errors.Is(lerr.Err, syscall.EXDEV)) {
+			return nil // no hard links here: bolt.Open creates path in place
+		}
+		return err
+	}
+	return nil
 }
 
 // syncDir makes the entries of the directory dir durable.
@@ -353,12 +409,16 @@ func newStore(db *bolt.DB, o Options) (*Store, error) {
 	return s, nil
 }
 
-// DB returns the bbolt database the Store writes to.
+// DB returns the bbolt database the Store writes to, for backups
+// (Tx.WriteTo) and statistics. Writing to the Store's bucket behind its
+// back, or closing a DB that Open opened, breaks the Store's guarantees.
 func (s *Store) DB() *bolt.DB { return s.db }
 
 // Close stops the committer, after the transaction under way, and closes the
-// file if Open opened it. Calls after Close fail with ErrUnavailable. Close
-// is idempotent.
+// file if Open opened it (after the reads under way). A write that returned
+// nil, before or during Close, is on disk; a write still queued either
+// commits or fails with ErrUnavailable, unapplied, as do all calls after
+// Close (they wrap bbolt.ErrDatabaseNotOpen too). Close is idempotent.
 func (s *Store) Close() error {
 	s.closeOnce.Do(func() {
 		s.closed.Store(true)
@@ -409,7 +469,7 @@ func expiryKey(at int64, key string) []byte {
 func expiryAt(k []byte) int64 { return int64(binary.BigEndian.Uint64(k) ^ (1 << 63)) }
 
 // put writes r under key; old is the index time of the record it replaces
-// (ok false: none).
+// (hadOld false: none).
 func (b buckets) put(key string, r *rec, old int64, hadOld bool) error {
 	if hadOld && old != r.expiresAt {
 		if err := b.exp.Delete(expiryKey(old, key)); err != nil {
@@ -419,10 +479,18 @@ func (b buckets) put(key string, r *rec, old int64, hadOld bool) error {
 	if err := b.recs.Put(recordKey(key), encode(nil, r)); err != nil {
 		return err
 	}
-	if !hadOld || old != r.expiresAt {
-		return b.exp.Put(expiryKey(r.expiresAt, key), nil)
+	ek := expiryKey(r.expiresAt, key)
+	// An unchanged expiry keeps its entry, unless the entry is missing (a
+	// file damaged, or written by a build with a bug): without it the
+	// sweep would never remove the record. Checking costs a lookup, not a
+	// write.
+	if hadOld && old == r.expiresAt {
+		// Not Get: it answers nil for an entry's nil value.
+		if k, _ := b.exp.Cursor().Seek(ek); bytes.Equal(k, ek) {
+			return nil
+		}
 	}
-	return nil
+	return b.exp.Put(ek, nil)
 }
 
 func (b buckets) remove(key string, expiresAt int64) error {

@@ -18,6 +18,14 @@ func TestMain(m *testing.M) {
 		}
 		os.Exit(0)
 	}
+	if path := os.Getenv(holdChildVar); path != "" {
+		// A child of TestOpenHeldByProcess: hold the file until killed.
+		if err := holdChild(path); err != nil {
+			fmt.Fprintln(os.Stderr, "hold child:", err)
+			os.Exit(2)
+		}
+		os.Exit(0)
+	}
 	// Every Store a test opens is closed, so no committer may outlive it.
 	goleak.VerifyTestMain(m)
 }
