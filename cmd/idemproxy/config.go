@@ -21,14 +21,17 @@ import (
 // empty: IDEMPROXY_ADMIN= turns the admin server off, and IDEMPROXY_STORE=
 // is an error rather than the default store.
 type config struct {
-	listen      string
-	upstream    *url.URL
-	store       string
-	migrate     bool
-	lease       time.Duration
-	retention   time.Duration
-	requireKey  bool
-	maxBody     int64
+	listen     string
+	upstream   *url.URL
+	store      string
+	migrate    bool
+	lease      time.Duration
+	retention  time.Duration
+	requireKey bool
+	maxBody    int64
+	// maxResponse bounds a stored response body (larger: delivered, and
+	// retries get 409 response-not-replayable).
+	maxResponse int
 	wait        time.Duration
 	scopeHeader string
 	admin       string
@@ -40,6 +43,10 @@ type config struct {
 	shutdownDelay time.Duration
 	// upstreamTimeout bounds one upstream exchange (0: none).
 	upstreamTimeout time.Duration
+	// bodyTimeout bounds the arrival of a request's body, from the end of
+	// its header; idleTimeout, a keep-alive connection's wait for its next
+	// request (0: none).
+	bodyTimeout, idleTimeout time.Duration
 	// replayCache is how long a finished record is replayed from memory
 	// before the store is asked again (0: no cache; auto: see
 	// cacheTTL); replayCacheSize bounds the cache's memory.
@@ -125,12 +132,15 @@ IDEMPROXY_UPSTREAM_TIMEOUT, ...); a flag on the command line wins.
 	fs.DurationVar(&c.retention, "retention", 24*time.Hour, "dedup window: how long responses are replayed")
 	fs.BoolVar(&c.requireKey, "require-key", false, "answer 400 to POST/PATCH requests without an Idempotency-Key")
 	fs.Int64Var(&c.maxBody, "max-body", 1<<20, "largest request body, in bytes, that is fingerprinted (larger: 413)")
+	fs.IntVar(&c.maxResponse, "max-response", 1<<20, "largest response body, in bytes, that is stored for replay; a larger one is delivered, and retries get 409 response-not-replayable instead of running again")
 	fs.DurationVar(&c.wait, "wait", 0, "how long a duplicate waits for the original to finish before 409 (0: answer 409 at once)")
 	fs.StringVar(&c.scopeHeader, "scope-header", "", "scope keys by this request header (e.g. a tenant id set by a trusted gateway) instead of the hashed Authorization header")
 	fs.StringVar(&c.admin, "admin", "127.0.0.1:9090", "admin address: /healthz, /readyz, /metrics, /keys/ (empty: off)")
 	fs.StringVar(&c.logFormat, "log-format", "text", "log format: text or json")
 	fs.StringVar(&logLevel, "log-level", "info", "log level: debug, info, warn, error")
-	fs.DurationVar(&c.upstreamTimeout, "upstream-timeout", time.Minute, "longest wait for the upstream's response; past it: 504 and the claim is kept until its lease ends (0: no limit)")
+	fs.DurationVar(&c.upstreamTimeout, "upstream-timeout", time.Minute, "longest upstream exchange, the response body included (raise it for long streams); past it: 504, or a response cut off once begun, and the claim is kept until its lease ends (0: no limit)")
+	fs.DurationVar(&c.bodyTimeout, "body-timeout", time.Minute, "longest time a guarded request's body may take to arrive, from the end of its header, and longest pause in any other request's body (0: no limit)")
+	fs.DurationVar(&c.idleTimeout, "idle-timeout", 2*time.Minute, "how long a client's keep-alive connection may wait for its next request before the proxy closes it (0: no limit)")
 	c.replayCache = cacheTTL{auto: true}
 	fs.Var(&c.replayCache, "replay-cache", "replay finished keys from this process's memory, before asking the store again, for `auto|duration`: auto is 1s on Redis and PostgreSQL, which announce deletions, and off elsewhere; a duration is that long on every store but memory, which never has a cache (0: off). A key deleted through another instance, where the store does not announce deletions, may replay here that long")
 	fs.Int64Var(&c.replayCacheSize, "replay-cache-size", 64<<20, fmt.Sprintf("most bytes the replay cache holds (keys, fingerprints, bodies, headers); at least %d, checked unless -replay-cache is 0 even on a store that gets no cache, so that a wrong size (64 meant as MiB) stops the proxy now rather than when it moves to a store that has one", minReplayCacheSize))
@@ -239,6 +249,12 @@ IDEMPROXY_UPSTREAM_TIMEOUT, ...); a flag on the command line wins.
 		return nil, bad("retention", "must be at least the lease, %v", c.lease)
 	case c.maxBody <= 0:
 		return nil, bad("max-body", "must be positive")
+	case c.maxResponse <= 0:
+		return nil, bad("max-response", "must be positive")
+	case c.bodyTimeout < 0:
+		return nil, bad("body-timeout", "must not be negative")
+	case c.idleTimeout < 0:
+		return nil, bad("idle-timeout", "must not be negative")
 	case c.upstreamTimeout < 0:
 		return nil, bad("upstream-timeout", "must not be negative")
 	case c.shutdown < 0:

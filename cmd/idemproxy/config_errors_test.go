@@ -34,6 +34,9 @@ func TestConfigErrors(t *testing.T) {
 		{"store env empty", []string{"-upstream", "http://x"}, map[string]string{"IDEMPROXY_STORE": ""}, []string{"IDEMPROXY_STORE"}},
 		{"upstream env empty", nil, map[string]string{"IDEMPROXY_UPSTREAM": ""}, []string{"IDEMPROXY_UPSTREAM"}},
 		{"upstream user info", []string{"-upstream", "http://app:s3cret@127.0.0.1:9000"}, nil, []string{"-upstream", "user info"}},
+		{"max response", []string{"-upstream", "http://x", "-max-response", "0"}, nil, []string{`-max-response "0"`}},
+		{"body timeout", []string{"-upstream", "http://x", "-body-timeout", "-1s"}, nil, []string{`-body-timeout "-1s"`}},
+		{"idle timeout env", []string{"-upstream", "http://x"}, map[string]string{"IDEMPROXY_IDLE_TIMEOUT": "-1s"}, []string{`IDEMPROXY_IDLE_TIMEOUT="-1s"`}},
 		// Under auto the size is checked on a store that gets no cache too.
 		{"replay cache size on memory", []string{"-upstream", "http://x", "-store", "memory", "-replay-cache-size", "64"}, nil, []string{`-replay-cache-size "64"`, "whatever the store"}},
 		{"replay cache size on bolt env", []string{"-upstream", "http://x", "-store", "bolt:x.db"}, map[string]string{"IDEMPROXY_REPLAY_CACHE_SIZE": "64"}, []string{`IDEMPROXY_REPLAY_CACHE_SIZE="64"`, "whatever the store"}},

@@ -71,12 +71,24 @@ import (
 )
 
 func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	// The first signal starts the shutdown; the next one, no longer
-	// caught, stops the process at once (an operator pressing Ctrl-C
-	// again), as kill -9 would: what was in flight keeps its claim until
-	// its lease ends.
-	context.AfterFunc(ctx, stop)
+	ctx, stop := context.WithCancel(context.Background())
+	sigs := make(chan os.Signal, 1)
+	signal.Notify(sigs, os.Interrupt, syscall.SIGTERM)
+	go func() {
+		select {
+		case <-sigs:
+			// The first signal starts the shutdown; the next one, no
+			// longer caught, stops the process at once (an operator
+			// pressing Ctrl-C again), as kill -9 would: what was in
+			// flight keeps its claim until its lease ends. The signals
+			// go back to their default before the shutdown shows
+			// (/readyz), so that a second one sent once it shows is
+			// never swallowed.
+			signal.Stop(sigs)
+			stop()
+		case <-ctx.Done():
+		}
+	}()
 	err := run(ctx, os.Args[1:], os.Stdout, os.Stderr, os.LookupEnv)
 	stop()
 	if errors.Is(err, flag.ErrHelp) {
@@ -173,7 +185,7 @@ func serve(ctx context.Context, cfg *config, log *slog.Logger) error {
 		scope = func(r *http.Request) string { return r.Header.Get(name) }
 	}
 	mw, err := idemhttp.New(guard, &idemhttp.Options{
-		Required: cfg.requireKey, Scope: scope, MaxBody: cfg.maxBody, Wait: cfg.wait,
+		Required: cfg.requireKey, Scope: scope, MaxBody: cfg.maxBody, MaxStoredResponse: cfg.maxResponse, Wait: cfg.wait,
 		// The upstream call is not cut short by the client going away: it
 		// finishes and its response is stored for the client's retry.
 		Detach:   true,
@@ -190,9 +202,19 @@ func serve(ctx context.Context, cfg *config, log *slog.Logger) error {
 	running := newRunningSet(runScope)
 	protected := mw.Handler(running.track(proxy))
 	handler := m.countInFlight(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if (r.Method != http.MethodPost && r.Method != http.MethodPatch) ||
-			(len(r.Header["Idempotency-Key"]) == 0 && !cfg.requireKey) {
+		streamed := (r.Method != http.MethodPost && r.Method != http.MethodPatch) ||
+			(len(r.Header["Idempotency-Key"]) == 0 && !cfg.requireKey)
+		if streamed {
 			m.passedThru.Inc()
+		}
+		if cfg.bodyTimeout > 0 && r.Body != nil && r.Body != http.NoBody {
+			b := newDeadlineBody(w, r.Body, cfg.bodyTimeout, streamed)
+			defer b.handlerDone()
+			// On a copy: the server looks at its own request's Body after
+			// the handler (an unread Expect: 100-continue body closes the
+			// connection instead of being waited for).
+			r = r.WithContext(context.WithValue(r.Context(), deadlineBodyKey{}, b))
+			r.Body = b
 		}
 		protected.ServeHTTP(w, r)
 	}))
@@ -201,7 +223,12 @@ func serve(ctx context.Context, cfg *config, log *slog.Logger) error {
 	if err != nil {
 		return fmt.Errorf("-listen: %w", err)
 	}
-	srv := &http.Server{Handler: handler, ReadHeaderTimeout: 10 * time.Second,
+	// No ReadTimeout or WriteTimeout: the first would bound a streamed
+	// upload as a whole, the second every response, a slow upstream's and
+	// a long stream's included. The body's arrival is bounded per request
+	// instead (newDeadlineBody), and a write to a client that stopped
+	// reading by the end of the upstream exchange (writeCutter).
+	srv := &http.Server{Handler: handler, ReadHeaderTimeout: readHeaderTimeout, IdleTimeout: cfg.idleTimeout,
 		ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn)}
 	var (
 		adminSrv *http.Server
@@ -214,7 +241,8 @@ func serve(ctx context.Context, cfg *config, log *slog.Logger) error {
 			ln.Close()
 			return fmt.Errorf("-admin: %w", err)
 		}
-		adminSrv = &http.Server{Handler: adminHandler(guarded, store, m, idemhttp.StoreKey, time.Now, running, &draining), ReadHeaderTimeout: 10 * time.Second}
+		adminSrv = &http.Server{Handler: adminHandler(guarded, store, m, idemhttp.StoreKey, time.Now, running, &draining),
+			ReadHeaderTimeout: readHeaderTimeout, ReadTimeout: time.Minute, IdleTimeout: time.Minute}
 	}
 	errc := make(chan error, 2)
 	go func() { errc <- srv.Serve(ln) }()
@@ -267,6 +295,10 @@ func serve(ctx context.Context, cfg *config, log *slog.Logger) error {
 	log.Info("stopped")
 	return nil
 }
+
+// readHeaderTimeout bounds the arrival of a request's header, on the proxy
+// and the admin server alike.
+const readHeaderTimeout = 10 * time.Second
 
 // sweeper is a store whose expired records stay until Sweep deletes them
 // (pgstore: nothing else ever does; boltstore: only writes sweep a few).

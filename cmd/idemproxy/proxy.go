@@ -17,6 +17,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/archlab/idempotency"
 	"github.com/archlab/idempotency/idemhttp"
 )
 
@@ -30,6 +31,13 @@ func newReverseProxy(up *url.URL, timeout time.Duration, log *slog.Logger) http.
 		Rewrite: func(pr *httputil.ProxyRequest) {
 			pr.SetURL(up)
 			pr.SetXForwarded()
+			if _, guarded := idempotency.TokenFrom(pr.In.Context()); guarded {
+				// The middleware has read the body whole (and the server
+				// sent the client its 100 Continue): the upstream has no
+				// body left to refuse, and one that does not support Expect
+				// would answer 417, a stored status, for the whole window.
+				pr.Out.Header.Del("Expect")
+			}
 			// net/http's Transport silently resends a body-less request
 			// that carries Idempotency-Key or X-Idempotency-Key when a
 			// reused connection fails after it was written, trusting the
@@ -54,19 +62,76 @@ func newReverseProxy(up *url.URL, timeout time.Duration, log *slog.Logger) http.
 		},
 		ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn),
 	}
-	if timeout <= 0 {
-		return rp
-	}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if dl, ok := r.Context().Deadline(); ok && time.Until(dl) <= timeout {
-			rp.ServeHTTP(w, r)
-			return
+		if !r.ProtoAtLeast(1, 1) {
+			w = &informationalFilter{w}
 		}
-		ctx, cancel := context.WithTimeout(r.Context(), timeout)
-		defer cancel()
-		rp.ServeHTTP(w, r.WithContext(ctx))
+		if dl, ok := r.Context().Deadline(); timeout > 0 && (!ok || time.Until(dl) > timeout) {
+			ctx, cancel := context.WithTimeout(r.Context(), timeout)
+			defer cancel() // after the cutter is stopped (defers run last first)
+			r = r.WithContext(ctx)
+		}
+		c := &writeCutter{w: w}
+		stop := context.AfterFunc(r.Context(), c.cut)
+		defer c.stop(stop)
+		rp.ServeHTTP(w, r)
 	})
 }
+
+// writeCutter ends a write to the client that blocks past the end of the
+// exchange's context (-upstream-timeout, a lost lease, the client gone).
+// ReverseProxy stops when its context ends, but not while it is blocked
+// writing to a client that stopped reading: without a write deadline that
+// write, and with it the handler, the upstream connection and the claim,
+// would last as long as the client keeps its connection open. When the
+// context ends, writes get cutGrace more (the 504 that may follow is a
+// few hundred bytes); a write blocked past it fails, the response is cut
+// off (its claim kept, as for any response cut short) and the connection
+// closed. When the handler returns, the deadline is lifted again, for the
+// server's last flush and the connection's next request.
+type writeCutter struct {
+	w    http.ResponseWriter
+	mu   sync.Mutex
+	done bool // the handler returned: the deadline is no longer its to set
+}
+
+const cutGrace = time.Second
+
+func (c *writeCutter) cut() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if !c.done {
+		_ = http.NewResponseController(c.w).SetWriteDeadline(time.Now().Add(cutGrace))
+	}
+}
+
+func (c *writeCutter) stop(stop func() bool) {
+	if stop() {
+		return // cut never ran, and now never will
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.done = true
+	_ = http.NewResponseController(c.w).SetWriteDeadline(time.Time{})
+}
+
+// informationalFilter keeps from an HTTP/1.0 client the informational
+// (1xx) responses that ReverseProxy relays from the upstream (103 Early
+// Hints): it would take one for the final response, and RFC 9110 (section
+// 15.2) forbids sending it one. 101 Switching Protocols is a final status
+// here and passes.
+type informationalFilter struct{ http.ResponseWriter }
+
+func (f *informationalFilter) WriteHeader(code int) {
+	if code >= 100 && code < 200 && code != http.StatusSwitchingProtocols {
+		return
+	}
+	f.ResponseWriter.WriteHeader(code)
+}
+
+// Unwrap gives http.ResponseController (Flush, Hijack for upgrades) and
+// idemhttp.KeepClaim the writer underneath.
+func (f *informationalFilter) Unwrap() http.ResponseWriter { return f.ResponseWriter }
 
 // bufferPool recycles ReverseProxy's copy buffers.
 type bufferPool struct{ p sync.Pool }
@@ -93,7 +158,14 @@ func upstreamError(w http.ResponseWriter, r *http.Request, err error, log *slog.
 	p := idemhttp.Problem{Type: idemhttp.ProblemBase + "upstream-unreachable", Title: "Upstream service unreachable",
 		Status: http.StatusBadGateway, Detail: "the request was not sent; retrying is safe"}
 	sent := !notSent(err)
-	if sent {
+	if bodyTimedOut(r, err) {
+		// The client's body did not come in time (unguarded: the Transport
+		// was streaming it). The upstream got a body cut short, which it
+		// does not act on.
+		p = idemhttp.Problem{Type: idemhttp.ProblemBase + "body-timeout", Title: "Request body timed out",
+			Status: http.StatusRequestTimeout, Detail: "the request body did not arrive in time"}
+		sent = false
+	} else if sent {
 		p = idemhttp.Problem{Type: idemhttp.ProblemBase + "upstream-failed", Title: "Upstream service failed",
 			Status: http.StatusBadGateway,
 			Detail: "the request was sent but no response came back; it may have taken effect. A retry with the same key waits for the lease to end."}

@@ -1,0 +1,102 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"sync"
+	"time"
+)
+
+// errBodyTimeout is the error a request body's Read returns once
+// -body-timeout has passed before the body arrived whole.
+var errBodyTimeout = errors.New("the request body did not arrive within -body-timeout")
+
+// deadlineBody bounds the arrival of a request body, so that a client that
+// trickles its body cannot hold a connection and a goroutine (and, when the
+// body is streamed, an upstream connection) for as long as it likes. It
+// sets the client connection's read deadline when the handler starts; the
+// server lifts it when the body has been read to its end. A guarded body
+// (at most -max-body, read whole before the upstream is called) must
+// arrive within the timeout; a streamed one, of any length, must not pause
+// for longer (each read moves the deadline on), so that a large upload
+// still passes. http.Server.ReadTimeout would bound a streamed upload as a
+// whole.
+//
+// The body may be read after the handler returned (an http.Transport's
+// write loop); the connection may then serve another request, so the
+// deadline is moved only while the handler runs.
+type deadlineBody struct {
+	io.ReadCloser
+	rc      *http.ResponseController
+	timeout time.Duration
+	idle    bool // the timeout bounds each pause, not the whole body
+
+	mu       sync.Mutex
+	deadline time.Time
+	// eof: the body was read to its end; done: the handler returned.
+	eof, done bool
+}
+
+func newDeadlineBody(w http.ResponseWriter, body io.ReadCloser, timeout time.Duration, idle bool) *deadlineBody {
+	rc := http.NewResponseController(w)
+	b := &deadlineBody{ReadCloser: body, rc: rc, timeout: timeout, idle: idle, deadline: time.Now().Add(timeout)}
+	if err := rc.SetReadDeadline(b.deadline); err != nil {
+		b.done = true // a writer without deadlines: nothing to move
+	}
+	return b
+}
+
+func (b *deadlineBody) Read(p []byte) (int, error) {
+	n, err := b.ReadCloser.Read(p)
+	switch {
+	case err == io.EOF:
+		// The server has lifted the deadline as it hit the end.
+		b.mu.Lock()
+		b.eof = true
+		b.mu.Unlock()
+	case errors.Is(err, os.ErrDeadlineExceeded):
+		err = fmt.Errorf("%w: %w", errBodyTimeout, err)
+	case n > 0 && b.idle:
+		b.mu.Lock()
+		if !b.eof && !b.done {
+			b.deadline = time.Now().Add(b.timeout)
+			_ = b.rc.SetReadDeadline(b.deadline)
+		}
+		b.mu.Unlock()
+	}
+	return n, err
+}
+
+// handlerDone is called when the handler returns. A deadline still set (the
+// body was not read to its end) then bounds the server's draining of the
+// rest; the server sets the connection's next deadline itself.
+func (b *deadlineBody) handlerDone() {
+	b.mu.Lock()
+	b.done = true
+	b.mu.Unlock()
+}
+
+// deadlineBodyKey is the context key of a request's deadlineBody: the
+// Body that ReverseProxy's ErrorHandler gets is a wrapper of its own.
+type deadlineBodyKey struct{}
+
+// bodyTimedOut reports whether err, which ended the upstream exchange of r,
+// comes from r's body failing to arrive within -body-timeout. The server
+// cancels r's context as the deadline passes, and the exchange may end on
+// that before the body's Read reports the timeout.
+func bodyTimedOut(r *http.Request, err error) bool {
+	if errors.Is(err, errBodyTimeout) {
+		return true
+	}
+	b, ok := r.Context().Value(deadlineBodyKey{}).(*deadlineBody)
+	if !ok || !errors.Is(err, context.Canceled) {
+		return false
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return !b.eof && !time.Now().Before(b.deadline)
+}
