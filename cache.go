@@ -20,12 +20,16 @@ type CacheOptions struct {
 	// does a Get through it that finds the record gone. The TTL and the
 	// record's ExpiresAt are judged by the wall clock of the now arguments
 	// (as the store judges), and the TTL also by their monotonic clock when
-	// they carry one.
+	// they carry one. In front of a store that judges by its server's
+	// clock (redisstore's ServerClock), a record may be answered after its
+	// window ended by that clock, by as much as the now arguments run
+	// behind it, and never for longer than the TTL after it was read.
 	TTL time.Duration
 	// MaxBytes bounds the memory held by cached records: keys,
 	// fingerprints, bodies, headers and the cache's own bookkeeping, as
-	// estimated (0: 64 MiB). The oldest
-	// entries leave first; a record larger than MaxBytes/64 is not cached.
+	// estimated (0: 64 MiB; at least 80 KiB). The oldest entries leave
+	// first; a record whose estimate (its bytes and about 320 more) is
+	// over MaxBytes/64 is not cached.
 	MaxBytes int64
 }
 
@@ -82,7 +86,7 @@ type cacheShard struct {
 	// record deleted or claimed meanwhile is never put back.
 	gen          uint64
 	hits, misses uint64
-	_            [40]byte // keep shards on separate cache lines
+	_            [64]byte // keep shards on separate cache lines
 }
 
 // Times. The wall readings (at, until) are what the store judges by: an
@@ -334,8 +338,9 @@ func (c *ReplayCache) Release(ctx context.Context, key string, token uint64) err
 // Get always asks the store: it is for operators and for waiters, who
 // want the store's view. When the store no longer holds the record the
 // cache holds (it was deleted or claimed again elsewhere), the cache
-// forgets it: an operator who finds that a key is gone, through this
-// process, stops it being replayed here.
+// forgets it, and does not keep what a Begin under way read of the store
+// before: an operator who finds that a key is gone, through this process,
+// stops it being replayed here.
 func (c *ReplayCache) Get(ctx context.Context, key string, now time.Time) (Record, error) {
 	rec, err := c.store.Get(ctx, key, now)
 	if err != nil && !errors.Is(err, ErrNotFound) {
@@ -343,8 +348,11 @@ func (c *ReplayCache) Get(ctx context.Context, key string, now time.Time) (Recor
 	}
 	sh := c.shard(key)
 	sh.mu.Lock()
+	// A Begin that read the store before this Get may answer after it,
+	// with a record this Get found gone: whatever the cache holds, what
+	// was read before now is not cached.
+	sh.gen++
 	if e := sh.m[key]; e != nil && (err != nil || rec.State != Done || rec.Token != e.rec.Token) {
-		sh.gen++
 		sh.remove(e)
 	}
 	sh.mu.Unlock()

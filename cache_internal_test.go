@@ -186,3 +186,14 @@ func TestReplayCacheOwnsItsStrings(t *testing.T) {
 		t.Fatalf("%d entries, want 1", len(sh.m))
 	}
 }
+
+// TestReplayCacheShardsPadded: a shard's lock and counters, which every
+// Begin writes, are at least a cache line away from the next shard's, so
+// that Begins of keys in neighbouring shards do not contend for one line.
+func TestReplayCacheShardsPadded(t *testing.T) {
+	var sh cacheShard
+	hot := unsafe.Offsetof(sh.misses) + unsafe.Sizeof(sh.misses) // the fields a Begin writes end here
+	if gap := unsafe.Sizeof(sh) - hot; gap < 64 {
+		t.Errorf("%d bytes between a shard's counters and the next shard's lock, want at least 64", gap)
+	}
+}

@@ -464,3 +464,51 @@ func TestReplayCacheForgetAll(t *testing.T) {
 		t.Error("the cache does not fill again after ForgetAll")
 	}
 }
+
+// TestReplayCacheGetDuringMiss: a Begin that read the finished record from
+// the store before it was deleted elsewhere, and answers after a Get
+// through the cache found the key gone, must not cache the deleted record:
+// a Get that finds a record gone stops it being replayed here at once,
+// whether or not the cache held it when the Get looked. The same holds when
+// the key was finished again elsewhere and the Get found the new record,
+// already cached.
+func TestReplayCacheGetDuringMiss(t *testing.T) {
+	ctx := context.Background()
+	for _, then := range []string{"deleted", "finished again"} {
+		t.Run(then, func(t *testing.T) {
+			ms := idempotency.NewMemoryStore()
+			cs := &countingStore{Store: ms}
+			c := newCache(t, cs, &idempotency.CacheOptions{TTL: time.Hour})
+			finish(t, ms, "k", "fp", "old", t0, time.Hour)
+			cs.afterBegin = func() {
+				cs.afterBegin = nil // once; the hook runs on the test's goroutine
+				func() {
+					// The store answered the old record; before the answer
+					// is cached, the key is deleted elsewhere and an
+					// operator looks it up through this process.
+					if err := ms.Delete(ctx, "k"); err != nil {
+						t.Error(err)
+					}
+					want := error(idempotency.ErrNotFound)
+					if then == "finished again" {
+						want = nil
+						finish(t, ms, "k", "fp", "new", t0, time.Hour)
+						if rec, _ := begin(t, c, "k", "fp", t0); string(rec.Response.Body) != "new" { // cached
+							t.Errorf("the new record replays %q", rec.Response.Body)
+						}
+					}
+					if _, err := c.Get(ctx, "k", t0); !errors.Is(err, want) {
+						t.Errorf("Get = %v, want %v", err, want)
+					}
+				}()
+			}
+			if rec, _ := begin(t, c, "k", "fp", t0); string(rec.Response.Body) != "old" {
+				t.Fatalf("Begin = %v %q, want the old record, read before the Delete", rec.State, rec.Response.Body)
+			}
+			rec, ok := begin(t, c, "k", "fp", t0)
+			if string(rec.Response.Body) == "old" {
+				t.Fatalf("Begin after the Get = %v %v %q: the record the Get found gone was cached", ok, rec.State, rec.Response.Body)
+			}
+		})
+	}
+}

@@ -567,10 +567,9 @@ func (s *MemoryStore) reserve(sh *memShard, now int64) bool {
 		s.count.Add(1)
 		return true
 	}
-	if s.count.Add(1) <= s.max {
+	if s.take() {
 		return true
 	}
-	s.count.Add(-1)
 	s.sweep(sh, now, -1)
 	for i := range s.shards {
 		// TryLock: two full shards sweeping each other must not deadlock. A
@@ -580,11 +579,23 @@ func (s *MemoryStore) reserve(sh *memShard, now int64) bool {
 			o.mu.Unlock()
 		}
 	}
-	if s.count.Add(1) <= s.max {
-		return true
+	return s.take()
+}
+
+// take counts one more record if the store has room for it. It never
+// counts one too many, even for a moment (as adding and taking back would):
+// Len would read more than MaxRecords, and a Begin that came for a record
+// given back meanwhile would be refused.
+func (s *MemoryStore) take() bool {
+	for {
+		n := s.count.Load()
+		if n >= s.max {
+			return false
+		}
+		if s.count.CompareAndSwap(n, n+1) {
+			return true
+		}
 	}
-	s.count.Add(-1)
-	return false
 }
 
 // sweep removes up to limit expired records (limit < 0: all) from sh, and

@@ -263,3 +263,47 @@ func TestMemoryFault(t *testing.T) {
 		})
 	}
 }
+
+// TestMemoryLenWithinMaxRecords: Begins refused by a full store never make
+// it count more records than MaxRecords, not even for a moment, so Len
+// never reads more (and a Begin that comes for a record given back is not
+// refused because others, refused, were counted meanwhile).
+func TestMemoryLenWithinMaxRecords(t *testing.T) {
+	s, err := idempotency.NewMemoryStoreWith(&idempotency.MemoryOptions{MaxRecords: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	if _, ok, err := s.Begin(ctx, "held", "fp", memBase, time.Hour, time.Hour); !ok || err != nil {
+		t.Fatalf("Begin(held) = %v, %v", ok, err)
+	}
+	var wg sync.WaitGroup
+	var stop atomic.Bool
+	var over atomic.Int64
+	for w := range 4 {
+		wg.Go(func() {
+			for i := 0; !stop.Load() && i < 5000; i++ {
+				if _, ok, err := s.Begin(ctx, fmt.Sprint("new-", w, "-", i), "fp", memBase, time.Hour, time.Hour); ok || !errors.Is(err, idempotency.ErrUnavailable) {
+					t.Errorf("Begin on a full store = %v, %v; want ErrUnavailable", ok, err)
+					return
+				}
+			}
+		})
+	}
+	watched := make(chan struct{})
+	go func() {
+		defer close(watched)
+		for !stop.Load() {
+			if n := s.Len(); n > 1 {
+				over.Store(int64(n))
+				stop.Store(true)
+			}
+		}
+	}()
+	wg.Wait()
+	stop.Store(true)
+	<-watched
+	if over := over.Load(); over > 0 {
+		t.Errorf("Len read %d while Begins were refused by a store holding 1 record, MaxRecords 1", over)
+	}
+}
