@@ -1,14 +1,12 @@
 package idemhttp
 
 import (
-	"context"
 	"errors"
 	"io"
 	"net/http"
 	"runtime"
 	"sync/atomic"
 	"testing"
-	"time"
 )
 
 // TestGoexitAfterStoredStatusKeepsClaim: a handler that sent a status
@@ -50,19 +48,7 @@ func TestGoexitAfterStoredStatusKeepsClaim(t *testing.T) {
 			if !errors.Is(ev.Err, errGoexitKept) {
 				t.Fatalf("event = %+v; want Abandoned with errGoexitKept", ev)
 			}
-			if _, err := f.store.Get(context.Background(), StoreKey("", "k"), clock.Now()); err != nil {
-				t.Fatalf("the key's record after Goexit: %v; want the claim kept", err)
-			}
-			if r := f.do(t, req{keys: key("k"), body: "b"}); r.status != http.StatusConflict {
-				t.Fatalf("retry inside the lease = %d %q; want 409 (claim kept)", r.status, r.body)
-			}
-			if n := calls.Load(); n != 1 {
-				t.Fatalf("handler ran %d times inside the lease; want 1", n)
-			}
-			clock.Advance(2 * time.Second)
-			if r := f.do(t, req{keys: key("k"), body: "b"}); r.status != http.StatusCreated || r.header.Get(ReplayedHeader) != "" {
-				t.Fatalf("retry after the lease = %d %v; want a new execution", r.status, r.header)
-			}
+			wantClaimKept(t, f, &clock, &calls)
 		})
 	}
 }

@@ -60,19 +60,7 @@ func TestPanicAfterStoredStatusKeepsClaim(t *testing.T) {
 	if ev.Status != http.StatusCreated || !errors.Is(ev.Err, errPanicAfterStatus) {
 		t.Fatalf("event = %+v; want Abandoned, status 201, errPanicAfterStatus", ev)
 	}
-	if _, err := f.store.Get(context.Background(), StoreKey("", "k"), clock.Now()); err != nil {
-		t.Fatalf("the key's record after the panic: %v; want it kept", err)
-	}
-	if r := f.do(t, req{keys: key("k"), body: "b"}); r.status != http.StatusConflict {
-		t.Fatalf("retry inside the lease = %d %q; want 409 (claim kept)", r.status, r.body)
-	}
-	if n := calls.Load(); n != 1 {
-		t.Fatalf("handler ran %d times inside the lease; want 1", n)
-	}
-	clock.Advance(2 * time.Second)
-	if r := f.do(t, req{keys: key("k"), body: "b"}); r.status != http.StatusCreated || r.header.Get(ReplayedHeader) != "" {
-		t.Fatalf("retry after the lease = %d %v; want a new execution", r.status, r.header)
-	}
+	wantClaimKept(t, f, &clock, &calls)
 }
 
 // TestPanicAfterUnstoredStatusReleases: a panic after a 5xx went out
@@ -114,5 +102,26 @@ func TestPanicAfterKeepClaimKeepsClaim(t *testing.T) {
 	}
 	if n := calls.Load(); n != 1 {
 		t.Fatalf("handler ran %d times; want 1", n)
+	}
+}
+
+// wantClaimKept checks that key "k" (body "b") is still claimed after the
+// handler's one run ended abruptly: its record is there, a retry inside
+// the lease (1s) gets 409 without running the handler again, and one after
+// it runs the handler anew.
+func wantClaimKept(t *testing.T, f *fixture, clock *manualClock, calls *atomic.Int64) {
+	t.Helper()
+	if _, err := f.store.Get(context.Background(), StoreKey("", "k"), clock.Now()); err != nil {
+		t.Fatalf("the key's record after the handler ended: %v; want the claim kept", err)
+	}
+	if r := f.do(t, req{keys: key("k"), body: "b"}); r.status != http.StatusConflict {
+		t.Fatalf("retry inside the lease = %d %q; want 409 (claim kept)", r.status, r.body)
+	}
+	if n := calls.Load(); n != 1 {
+		t.Fatalf("handler ran %d times inside the lease; want 1", n)
+	}
+	clock.Advance(2 * time.Second)
+	if r := f.do(t, req{keys: key("k"), body: "b"}); r.status != http.StatusCreated || r.header.Get(ReplayedHeader) != "" {
+		t.Fatalf("retry after the lease = %d %v; want a new execution", r.status, r.header)
 	}
 }

@@ -45,19 +45,7 @@ func TestDefaultScopeSeparatesTLSClients(t *testing.T) {
 
 	post := func(cert tls.Certificate) (string, bool) {
 		t.Helper()
-		c := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{
-			RootCAs: ca.Pool, Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS13,
-		}}}
-		defer c.CloseIdleConnections()
-		req, _ := http.NewRequest(http.MethodPost, srv.URL+"/orders", strings.NewReader("{}"))
-		req.Header.Set("Idempotency-Key", `"k-mtls"`)
-		resp, err := c.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer resp.Body.Close()
-		b, _ := io.ReadAll(resp.Body)
-		return string(b), resp.Header.Get(ReplayedHeader) == "true"
+		return postMTLS(t, srv.URL, ca.Pool, cert)
 	}
 	if got, _ := post(ca.Issue(t, "alice", "127.0.0.1")); got != "answer for alice" {
 		t.Fatalf("alice: %q", got)
@@ -106,19 +94,7 @@ func TestDefaultScopeSeparatesIssuers(t *testing.T) {
 
 	post := func(cert tls.Certificate) (string, bool) {
 		t.Helper()
-		c := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{
-			RootCAs: one.Pool, Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS13,
-		}}}
-		defer c.CloseIdleConnections()
-		req, _ := http.NewRequest(http.MethodPost, srv.URL+"/orders", strings.NewReader("{}"))
-		req.Header.Set("Idempotency-Key", `"k-mtls"`)
-		resp, err := c.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer resp.Body.Close()
-		b, _ := io.ReadAll(resp.Body)
-		return string(b), resp.Header.Get(ReplayedHeader) == "true"
+		return postMTLS(t, srv.URL, one.Pool, cert)
 	}
 	if got, _ := post(one.Issue(t, "alice", "127.0.0.1", "spiffe://test/alice")); got != "answer for idemhttp test CA one" {
 		t.Fatalf("alice of CA one: %q", got)
@@ -132,4 +108,24 @@ func TestDefaultScopeSeparatesIssuers(t *testing.T) {
 	if n := runs.Load(); n != 2 {
 		t.Errorf("handler ran %d times, want 2 (once per issuer)", n)
 	}
+}
+
+// postMTLS posts {} under the key "k-mtls" to base/orders with the client
+// certificate cert, trusting roots, and returns the answer's body and
+// whether it was marked a replay.
+func postMTLS(t *testing.T, base string, roots *x509.CertPool, cert tls.Certificate) (string, bool) {
+	t.Helper()
+	c := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{
+		RootCAs: roots, Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS13,
+	}}}
+	defer c.CloseIdleConnections()
+	req, _ := http.NewRequest(http.MethodPost, base+"/orders", strings.NewReader("{}"))
+	req.Header.Set("Idempotency-Key", `"k-mtls"`)
+	resp, err := c.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return string(b), resp.Header.Get(ReplayedHeader) == "true"
 }

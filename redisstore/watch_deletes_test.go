@@ -390,17 +390,7 @@ func TestWatchDeletesClusterMigrationAndFailure(t *testing.T) {
 // watcher reset).
 func TestWatchDeletesClusterNodePaused(t *testing.T) {
 	setWatchTimes(t, 10*time.Second, 100*time.Millisecond)
-	// Three masters, so that the two others stay a majority and serve
-	// their slots while one is paused.
-	pc := startPrivateClusterOf(t, [][2]int{{0, 5460}, {5461, 10922}, {10923, 16383}})
-	for _, c := range pc.admin {
-		if err := c.ConfigSet(context.Background(), "cluster-require-full-coverage", "no").Err(); err != nil {
-			t.Fatal(err)
-		}
-	}
-	cc := redis.NewClusterClient(&redis.ClusterOptions{Addrs: pc.addrs(), ContextTimeoutEnabled: true, MaxRetries: 2})
-	t.Cleanup(func() { cc.Close() })
-	s := newStore(t, cc, Options{Logger: discard(), OpTimeout: 500 * time.Millisecond})
+	pc, s := threeMasterStore(t)
 	x := pc.node(t, s.deletesChannel()) // where a single subscription goes
 	y := (x + 1) % 3
 	keys := keysWhere(s, 8, func(k string) bool { return pc.node(t, k) == y })
@@ -444,15 +434,7 @@ func TestWatchDeletesClusterNodePaused(t *testing.T) {
 // deletions.
 func TestWatchDeletesClusterMasterDown(t *testing.T) {
 	setWatchTimes(t, time.Second, 100*time.Millisecond)
-	pc := startPrivateClusterOf(t, [][2]int{{0, 5460}, {5461, 10922}, {10923, 16383}})
-	for _, c := range pc.admin {
-		if err := c.ConfigSet(context.Background(), "cluster-require-full-coverage", "no").Err(); err != nil {
-			t.Fatal(err)
-		}
-	}
-	cc := redis.NewClusterClient(&redis.ClusterOptions{Addrs: pc.addrs(), ContextTimeoutEnabled: true, MaxRetries: 2})
-	t.Cleanup(func() { cc.Close() })
-	s := newStore(t, cc, Options{Logger: discard(), OpTimeout: 500 * time.Millisecond})
+	pc, s := threeMasterStore(t)
 	x := pc.node(t, s.deletesChannel()) // where a single subscription goes
 	y := (x + 1) % 3
 	onX := keysWhere(s, 3, func(k string) bool { return pc.node(t, k) == x })
@@ -485,4 +467,20 @@ func TestWatchDeletesClusterMasterDown(t *testing.T) {
 		}
 		wantHeard(t, w, k)
 	}
+}
+
+// threeMasterStore starts a private Cluster of three masters that serve
+// their slots while another is down (the two others stay a majority, and
+// full coverage is not required), and a Store on it.
+func threeMasterStore(t *testing.T) (*privateCluster, *Store) {
+	t.Helper()
+	pc := startPrivateClusterOf(t, [][2]int{{0, 5460}, {5461, 10922}, {10923, 16383}})
+	for _, c := range pc.admin {
+		if err := c.ConfigSet(context.Background(), "cluster-require-full-coverage", "no").Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cc := redis.NewClusterClient(&redis.ClusterOptions{Addrs: pc.addrs(), ContextTimeoutEnabled: true, MaxRetries: 2})
+	t.Cleanup(func() { cc.Close() })
+	return pc, newStore(t, cc, Options{Logger: discard(), OpTimeout: 500 * time.Millisecond})
 }
