@@ -207,6 +207,17 @@ func serve(ctx context.Context, cfg *config, log *slog.Logger) error {
 		if streamed {
 			m.passedThru.Inc()
 		}
+		if cfg.upstreamTimeout > 0 {
+			// Every response, a replay's included, is written within the
+			// time the request may take (its body, then the upstream
+			// exchange) and cutGrace more: a client that stops reading
+			// cannot hold the handler, and the shutdown, for longer. The
+			// exchange's own end cuts sooner (writeCutter).
+			rc := http.NewResponseController(w)
+			if rc.SetWriteDeadline(time.Now().Add(cfg.bodyTimeout+cfg.upstreamTimeout+cutGrace)) == nil {
+				defer rc.SetWriteDeadline(time.Time{})
+			}
+		}
 		if cfg.bodyTimeout > 0 && r.Body != nil && r.Body != http.NoBody {
 			b := newDeadlineBody(w, r.Body, cfg.bodyTimeout, streamed)
 			defer b.handlerDone()
@@ -227,7 +238,8 @@ func serve(ctx context.Context, cfg *config, log *slog.Logger) error {
 	// upload as a whole, the second every response, a slow upstream's and
 	// a long stream's included. The body's arrival is bounded per request
 	// instead (newDeadlineBody), and a write to a client that stopped
-	// reading by the end of the upstream exchange (writeCutter).
+	// reading by the end of the upstream exchange (writeCutter) or, for
+	// any response, by the request's whole budget (above).
 	srv := &http.Server{Handler: handler, ReadHeaderTimeout: readHeaderTimeout, IdleTimeout: cfg.idleTimeout,
 		ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn)}
 	var (

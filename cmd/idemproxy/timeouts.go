@@ -51,6 +51,14 @@ func newDeadlineBody(w http.ResponseWriter, body io.ReadCloser, timeout time.Dur
 }
 
 func (b *deadlineBody) Read(p []byte) (int, error) {
+	if b.idle {
+		b.mu.Lock()
+		if !b.eof && !b.done {
+			b.deadline = time.Now().Add(b.timeout)
+			_ = b.rc.SetReadDeadline(b.deadline)
+		}
+		b.mu.Unlock()
+	}
 	n, err := b.ReadCloser.Read(p)
 	switch {
 	case err == io.EOF:
@@ -60,13 +68,6 @@ func (b *deadlineBody) Read(p []byte) (int, error) {
 		b.mu.Unlock()
 	case errors.Is(err, os.ErrDeadlineExceeded):
 		err = fmt.Errorf("%w: %w", errBodyTimeout, err)
-	case n > 0 && b.idle:
-		b.mu.Lock()
-		if !b.eof && !b.done {
-			b.deadline = time.Now().Add(b.timeout)
-			_ = b.rc.SetReadDeadline(b.deadline)
-		}
-		b.mu.Unlock()
 	}
 	return n, err
 }
