@@ -233,8 +233,14 @@ func open(path string, opts *Options, syncDir func(dir string) error) (*Store, e
 	// every write acknowledged in it, away. The directory is synced on
 	// every Open, not only when this Open created the file: a process
 	// killed between bbolt's creating the file and this sync left a file
-	// that looks like any other.
-	if err := syncDir(filepath.Dir(path)); err != nil {
+	// that looks like any other. A directory this process may search but
+	// not read (a root-owned 0711 directory holding a service's file)
+	// cannot be opened to be synced: its file system is synced instead.
+	err = syncDir(filepath.Dir(path))
+	if errors.Is(err, fs.ErrPermission) {
+		err = syncFS(path)
+	}
+	if err != nil {
 		_ = db.Close()
 		return nil, fmt.Errorf("boltstore: open %s: sync directory: %w: %w", path, idempotency.ErrUnavailable, err)
 	}

@@ -26,6 +26,14 @@ func TestMain(m *testing.M) {
 		}
 		os.Exit(0)
 	}
+	if path := os.Getenv(searchOnlyChildVar); path != "" {
+		// A child of TestOpenInSearchOnlyDir, run as nobody.
+		if err := searchOnlyChild(path); err != nil {
+			fmt.Fprintln(os.Stderr, "open:", err)
+			os.Exit(2)
+		}
+		os.Exit(0)
+	}
 	// Every Store a test opens is closed, so no committer may outlive it.
 	goleak.VerifyTestMain(m)
 }
