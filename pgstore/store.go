@@ -353,7 +353,13 @@ func connLost(err error) bool {
 	}
 	var pe *pgconn.PgError
 	if errors.As(err, &pe) {
-		return pe.Severity == "FATAL" || pe.Severity == "PANIC"
+		// The unlocalized severity (PostgreSQL 9.6 and later): Severity
+		// is in the server's lc_messages.
+		sev := pe.SeverityUnlocalized
+		if sev == "" {
+			sev = pe.Severity
+		}
+		return sev == "FATAL" || sev == "PANIC"
 	}
 	var ne net.Error
 	return errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, pgconn.ErrConnClosed) ||
