@@ -857,11 +857,16 @@ func (s *Store) watchNodes(ctx context.Context, nodes []*redis.Client, every tim
 					return errShardsChanged
 				}
 			case e.sub:
-				if !subscribed[e.node] {
+				// The first reset waits for every node; a node that
+				// subscribes again after its subscription broke resets at
+				// once, whatever the others do: what it announced in
+				// between was missed.
+				again := subscribed[e.node]
+				if !again {
 					subscribed[e.node] = true
 					pending--
 				}
-				if pending == 0 {
+				if pending == 0 || again {
 					reset()
 				}
 			default:
