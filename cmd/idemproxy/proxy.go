@@ -262,14 +262,16 @@ func keyHash(r *http.Request) string {
 }
 
 // redactKey hides r's Idempotency-Key in msg: a store's error may name the
-// key it failed on (bolt's lease-lost error does, quoted).
+// stored key it failed on, quoted (bolt's does for a damaged record):
+// "<scope>\x00<key>". Only the key in that form is replaced; a short key
+// (a, 1) must not turn "unavailable" or 127.0.0.1 into nonsense.
 func redactKey(msg string, r *http.Request) string {
 	k, err := idemhttp.ParseKey(r.Header["Idempotency-Key"])
 	if err != nil {
 		return msg
 	}
 	q := strconv.Quote(k)
-	return strings.NewReplacer(q[1:len(q)-1], "<key>", k, "<key>").Replace(msg)
+	return strings.ReplaceAll(msg, `\x00`+q[1:], `\x00<key>"`)
 }
 
 // logObserver logs each guarded request and hands it on to the metrics.
