@@ -18,6 +18,7 @@ import (
 	"os"
 	"os/signal"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/go-chi/chi/v5"
@@ -27,7 +28,7 @@ import (
 )
 
 func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	if err := run(ctx, os.Args[1:], os.Stdout, os.Stderr); err != nil {
 		fmt.Fprintln(os.Stderr, err)
@@ -72,7 +73,10 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 }
 
 // newRouter is the whole integration: a Guard on a store, the middleware
-// built from it, and r.Use.
+// built from it, and r.Use in a group of the routes it guards. A top-level
+// r.Use would also run for POSTs that match no route: their 404 (or 405)
+// would be stored under the client's key, and the retry on the right path
+// would get 422 for the whole window.
 func newRouter(store idempotency.Store) (http.Handler, error) {
 	guard, err := idempotency.NewGuard(store, nil)
 	if err != nil {
@@ -84,8 +88,10 @@ func newRouter(store idempotency.Store) (http.Handler, error) {
 	}
 	var orders orderBook
 	r := chi.NewRouter()
-	r.Use(mw.Handler)
-	r.Post("/orders", orders.create)
+	r.Group(func(r chi.Router) {
+		r.Use(mw.Handler) // Required: true, so a POST here without a key gets 400
+		r.Post("/orders", orders.create)
+	})
 	r.Get("/orders/count", orders.count)
 	return r, nil
 }

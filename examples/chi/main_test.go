@@ -104,3 +104,36 @@ func TestRunServesAndStops(t *testing.T) {
 		t.Fatal("run did not stop")
 	}
 }
+
+// A POST to a path the router does not serve must not reach the middleware:
+// its 404 would be stored under the key, and the client's retry on the
+// right path would get 422 instead of running.
+func TestUnknownPathDoesNotUseTheKey(t *testing.T) {
+	router, err := newRouter(idempotency.NewMemoryStore())
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(router)
+	defer srv.Close()
+
+	req, err := http.NewRequest(http.MethodPost, srv.URL+"/order", strings.NewReader(`{"amount":5}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Idempotency-Key", `"order-9"`)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusNotFound {
+		t.Fatalf("POST /order: %d, want 404", resp.StatusCode)
+	}
+	if got := resp.Header.Get(idemhttp.DefaultWindowHeader); got != "" {
+		t.Errorf("404 advertises a window (%s: %s): it was stored under the key", idemhttp.DefaultWindowHeader, got)
+	}
+	if resp, body := post(t, srv.URL, `"order-9"`, `{"amount":5}`); resp.StatusCode != http.StatusCreated {
+		t.Fatalf("POST /orders after the typo: %d %s, want 201", resp.StatusCode, body)
+	}
+}
