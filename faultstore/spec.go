@@ -23,9 +23,12 @@ import (
 //
 // For example "begin:lostack:0.1,complete:error:1,*:latency=1ms-20ms:0.5".
 // For each operation the first rule whose ops match and whose random draw
-// hits gives the fault. An operation may be listed once per rule, and no
-// fault may follow "error" or "hang" in a chain (they never perform the
-// operation, so what follows would never run).
+// hits gives the fault. Parse refuses what could never run: an operation
+// listed twice in a rule; a fault after "error" or "hang" in a chain (they
+// never perform the operation); an operation listed in a rule after one
+// whose probability is 1 already gives it a fault every time; and a "*"
+// rule after such rules for every operation. A "*" rule after some of them
+// reads as "every other operation".
 type Spec struct {
 	Rules []Rule
 }
@@ -50,14 +53,51 @@ func Parse(s string) (*Spec, error) {
 	if strings.TrimSpace(s) == "" {
 		return spec, nil
 	}
+	// always holds, per operation, the number of the first rule that gives
+	// it a fault every time (0: none does).
+	var always [len(Ops)]int
 	for i, text := range strings.Split(s, ",") {
 		r, err := parseRule(strings.TrimSpace(text))
+		if err == nil {
+			err = reached(r, &always, i+1)
+		}
 		if err != nil {
 			return nil, fmt.Errorf("faultstore: %w: rule %d %q: %w", idempotency.ErrInvalidConfig, i+1, text, err)
 		}
 		spec.Rules = append(spec.Rules, r)
 	}
 	return spec, nil
+}
+
+// reached checks that rule n, r, can give a fault to every operation it
+// lists (or, for "*", to some operation), given the rules before it, and
+// then notes the operations r gives a fault every time.
+func reached(r Rule, always *[len(Ops)]int, n int) error {
+	ops := r.Ops
+	if ops == nil {
+		ops = Ops[:]
+		shadowed := true
+		for _, op := range ops {
+			shadowed = shadowed && always[op.index()] != 0
+		}
+		if shadowed {
+			return fmt.Errorf("every operation gets a fault from an earlier rule every time; this rule is never reached")
+		}
+	} else {
+		for _, op := range ops {
+			if by := always[op.index()]; by != 0 {
+				return fmt.Errorf("operation %q never reaches this rule: rule %d gives it a fault every time", op, by)
+			}
+		}
+	}
+	if r.P == 1 {
+		for _, op := range ops {
+			if always[op.index()] == 0 {
+				always[op.index()] = n
+			}
+		}
+	}
+	return nil
 }
 
 func parseRule(s string) (Rule, error) {

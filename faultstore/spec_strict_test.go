@@ -35,6 +35,13 @@ func TestParseStrict(t *testing.T) {
 		{"begin:explode", `unknown fault "explode"`},
 		{"begin:error:2", "probability"},
 		{"begin", "ops:faults"},
+		// A rule never reached, for an operation it lists, because an
+		// earlier rule gives that operation a fault every time: a typo,
+		// or a misreading of "the first rule that hits".
+		{"begin:error,begin:lostack", `operation "begin" never reaches this rule: rule 1 gives it a fault every time`},
+		{"*:error,get:hang", `operation "get" never reaches this rule: rule 1`},
+		{"begin|get:lostack,extend:error,get|delete:latency=1ms", `operation "get" never reaches this rule: rule 1`},
+		{"begin|complete|extend:error,release|get|delete:lostack,*:hang", "every operation gets a fault from an earlier rule"},
 	} {
 		spec, err := faultstore.Parse(tc.spec)
 		if err == nil {
@@ -46,7 +53,10 @@ func TestParseStrict(t *testing.T) {
 		}
 	}
 	// Faults that do call what follows them chain as before.
-	for _, ok := range []string{"begin:lostack+lostack", "begin:latency=1ms+error", "begin:lostack+hang", "begin:latency=1ms+latency=2ms"} {
+	// So do rules after one that does not hit every time, and a catch-all
+	// rule that still reaches some operation.
+	for _, ok := range []string{"begin:lostack+lostack", "begin:latency=1ms+error", "begin:lostack+hang", "begin:latency=1ms+latency=2ms",
+		"begin:error:0.5,begin:lostack", "begin:error:0,begin:lostack", "begin:error,*:latency=1ms", "*:error:0.1,*:lostack"} {
 		if _, err := faultstore.Parse(ok); err != nil {
 			t.Errorf("Parse(%q): %v", ok, err)
 		}

@@ -1,9 +1,15 @@
 package faultstore_test
 
 import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/archlab/idempotency"
 	"github.com/archlab/idempotency/faultstore"
 )
 
@@ -109,4 +115,49 @@ func FuzzParse(f *testing.F) {
 			}
 		}
 	})
+}
+
+// TestSpecConcurrentUse shares one spec injector, latency draws included,
+// among goroutines (-race checks its state): every call gets the fault of
+// its rule or none, and the store counts every fault given.
+func TestSpecConcurrentUse(t *testing.T) {
+	spec, err := faultstore.Parse("begin:latency=0s-200us+lostack:0.5,get:error:0.5,*:latency=0s-100us")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := faultstore.New(idempotency.NewMemoryStore(), spec.Injector(3))
+	var wg sync.WaitGroup
+	var lost, failed atomic.Int64
+	for g := range 8 {
+		wg.Go(func() {
+			for i := range 25 {
+				key := fmt.Sprintf("k%d-%d", g, i)
+				_, _, err := s.Begin(context.Background(), key, "fp", t0, time.Second, time.Hour)
+				var ie *faultstore.InjectedError
+				switch {
+				case err == nil:
+				case errors.As(err, &ie) && ie.Fault == "lostack" && ie.Applied:
+					lost.Add(1)
+				default:
+					t.Errorf("Begin(%s) = %v; want nil or an applied lost ack", key, err)
+				}
+				if _, err := s.Get(context.Background(), key, t0); err != nil {
+					if !errors.As(err, &ie) || ie.Fault != "error" {
+						t.Errorf("Get(%s) = %v; want a record or an injected error", key, err)
+					}
+					failed.Add(1)
+				}
+				_ = s.Delete(context.Background(), key)
+			}
+		})
+	}
+	wg.Wait()
+	if lost.Load() == 0 || failed.Load() == 0 {
+		t.Errorf("lost acks %d, failed gets %d of 200 each at p=0.5; want some of both", lost.Load(), failed.Load())
+	}
+	// Every call got a fault: Begin its rule's or the catch-all latency,
+	// Get an error or the latency, Delete the latency.
+	if got, want := s.InjectedTotal(), 3*200; got != want {
+		t.Errorf("InjectedTotal = %d; want %d", got, want)
+	}
 }

@@ -160,6 +160,7 @@ var conflictClauses = []clause{
 		e.unchanged(k, e.at(lease), before)
 	}},
 	{"fingerprint-exact", fingerprintExact},
+	{"fingerprint-bytes", fingerprintBytes},
 }
 
 // longFingerprint is longer than a SHA-256 in hex (64 bytes) and mixes
@@ -186,6 +187,31 @@ func fingerprintExact(e *env) {
 		e.fatalf("Begin with the same long fingerprint: State %q, claimed %v; want a replay", replay.State, ok)
 	}
 	e.wantState("replay of a long fingerprint", replay, idempotency.Done, fp, rec.Token)
+}
+
+// fingerprintBytes checks that fingerprints are byte strings: NUL bytes
+// and invalid UTF-8 are kept, in Get and replays, and compared whole (a
+// C string would end at the NUL, a text column replace the invalid bytes).
+func fingerprintBytes(e *env) {
+	k := e.key("conflict-bytes")
+	fp := "fp\x00\xff\xfe-\xc3\x28\x00end"
+	rec := e.claim(k, fp, e.at(0))
+	if got := e.get(k, e.at(0)); got.Fingerprint != fp {
+		e.fatalf("Get: Fingerprint %q, want %q (the bytes given to Begin)", got.Fingerprint, fp)
+	}
+	others := []string{"fp", "fp\x00", "fp\x00\xff\xfd-\xc3\x28\x00end", "fp\x00\xfe\xff-\xc3\x28\x00end", "fp\x00\xff\xfe-\xc3\x28\x00"}
+	for _, other := range others {
+		e.wantConflict(k, other, e.at(1))
+	}
+	e.complete(k, rec.Token, sampleResponse("bytes"), e.at(1))
+	for _, other := range others {
+		e.wantConflict(k, other, e.at(2))
+	}
+	replay, ok := e.begin(k, fp, e.at(2))
+	if ok || replay.State != idempotency.Done {
+		e.fatalf("Begin with the same fingerprint: State %q, claimed %v; want a replay", replay.State, ok)
+	}
+	e.wantState("replay of a binary fingerprint", replay, idempotency.Done, fp, rec.Token)
 }
 
 func (e *env) wantConflict(key, fp string, now time.Time) {

@@ -267,6 +267,7 @@ var concurrencyClauses = []clause{
 				e.s.Complete(e.ctx, k, first.Token, sampleResponse("holder"), now, retention))
 		}
 	}},
+	{"tokens-in-claim-order", tokensInClaimOrder},
 	{"distinct-keys-64", func(e *env) {
 		keys := make([]string, racers)
 		for i := range keys {

@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -98,6 +99,9 @@ type refStore struct {
 	// (a tombstone, as Redis keeps the token field), but with the bug
 	// dropped with an expired record that Get collects.
 	keyTokens map[string]uint64
+	// early is the token counter of the "token-drawn-before-lock" bug,
+	// read before the lock is taken.
+	early atomic.Uint64
 }
 
 type refRecord struct {
@@ -114,7 +118,7 @@ func newRefStore(bug string) *refStore {
 // nextToken returns the token of a new claim of key.
 func (s *refStore) nextToken(key string) uint64 {
 	switch s.bug {
-	case "per-key-tokens", "get-collects-token", "release-resets-token":
+	case "per-key-tokens", "get-collects-token", "release-resets-token", "sweep-resets-token":
 		s.keyTokens[key]++
 		return s.keyTokens[key]
 	case "token-in-record":
@@ -164,8 +168,20 @@ func (s *refStore) Begin(ctx context.Context, key, fp string, now time.Time, lea
 	if err := ctx.Err(); err != nil {
 		return idempotency.Record{}, false, err
 	}
+	var drawn uint64
+	if s.bug == "token-drawn-before-lock" {
+		// As a sequence read before the row lock: the token may be
+		// smaller than that of a claim made meanwhile.
+		drawn = s.early.Add(1)
+		if drawn%2 == 1 {
+			time.Sleep(100 * time.Microsecond) // a slow claimer
+		}
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if drawn != 0 {
+		s.tokens = drawn - 1
+	}
 	old := s.recs[key]
 	if (s.bug == "reclaim-not-atomic" && old != nil && s.live(key, now) == nil) ||
 		(s.bug == "create-not-atomic" && old == nil) {
@@ -352,6 +368,32 @@ func (s *refStore) Get(ctx context.Context, key string, now time.Time) (idempote
 	return cloneRecord(r.rec), nil
 }
 
+// Sweep removes the records that expired at now (the "per-key-tokens"
+// counters stay: they are the tombstones).
+func (s *refStore) Sweep(ctx context.Context, now time.Time, limit int) (int, error) {
+	if err := ctx.Err(); err != nil {
+		return 0, err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	n := 0
+	for k, r := range s.recs {
+		expired := !now.Before(r.rec.ExpiresAt)
+		if s.bug == "sweep-judges-lease" && r.rec.State == idempotency.Processing {
+			expired = !now.Before(r.rec.LeaseUntil)
+		}
+		if !expired || (limit > 0 && n >= limit) {
+			continue
+		}
+		delete(s.recs, k)
+		if s.bug == "sweep-resets-token" {
+			delete(s.keyTokens, k) // the counter goes with the record
+		}
+		n++
+	}
+	return n, nil
+}
+
 func (s *refStore) Delete(ctx context.Context, key string) error {
 	if err := ctx.Err(); err != nil {
 		return err
@@ -376,6 +418,10 @@ func (f *folding) key(k string) string {
 		return strings.ToLower(k)
 	case "keys-truncated-at-256":
 		return k[:min(len(k), 256)] // a VARCHAR(256) key
+	case "keys-valid-utf8":
+		return strings.ToValidUTF8(k, "\uFFFD") // a text column
+	case "keys-cut-at-nul":
+		return cutAtNUL(k) // a C string
 	}
 	return k
 }
@@ -393,6 +439,10 @@ func (f *folding) Begin(ctx context.Context, key, fp string, now time.Time, leas
 		fp = fp[:min(len(fp), 64)] // a CHAR(64) column
 	case "fingerprint-case-folded":
 		fp = strings.ToLower(fp) // a case-insensitive collation
+	case "fingerprint-valid-utf8":
+		fp = strings.ToValidUTF8(fp, "\uFFFD")
+	case "fingerprint-cut-at-nul":
+		fp = cutAtNUL(fp)
 	case "begin-answers-despite-ctx":
 		if err := ctx.Err(); err != nil {
 			// A replay or an in-flight answer is read (from a cache, or
@@ -432,6 +482,11 @@ func (f *folding) Get(ctx context.Context, key string, now time.Time) (idempoten
 
 func (f *folding) Delete(ctx context.Context, key string) error {
 	return f.Store.Delete(f.ctx(ctx), f.key(key))
+}
+
+func cutAtNUL(s string) string {
+	before, _, _ := strings.Cut(s, "\x00")
+	return before
 }
 
 // ref and fold make the broken stores of the table: a refStore or a

@@ -86,6 +86,7 @@ var fencingClauses = []clause{
 		}
 		e.wantLarger("expiry and re-creation", tokens)
 	}},
+	{"increase-across-sweep", increaseAcrossSweep},
 	{"stale-complete-rejected", func(e *env) {
 		k, stale, cur := e.takenOver("stale-complete")
 		now := e.at(lease + 1)

@@ -21,6 +21,12 @@
 // may only collect garbage. Times are compared with a tolerance of one
 // millisecond, so engines may store milliseconds.
 //
+// Sweep. A store with a method Sweep(ctx, now time.Time, limit int) (int,
+// error) that collects expired records (boltstore, pgstore) has it called
+// by the clauses that check tokens across collection, with now the time
+// the clause began: it removes only records that have expired by the wall
+// clock too. Without one, those clauses check the rest.
+//
 // Outside of go test. Clauses and UnavailableClauses return the same
 // clauses for Clause.Check, which reports failures as an error instead of
 // failing a testing.T (as testing/fstest.TestFS does): idemcheck -store

@@ -63,6 +63,16 @@ var mutants = []struct {
 	{"returns-stored-header-values", "Copies/returned-records", wrap("returns-stored-header-values")},
 	{"returns-stored-header-map", "Copies/returned-records", wrap("returns-stored-header-map")},
 	{"replay-returns-stored-body", "Copies/returned-records", wrap("replay-returns-stored-body")},
+	// Tokens drawn out of order, or counted anew after a Sweep.
+	{"token-drawn-before-lock", "Concurrency/tokens-in-claim-order", ref("token-drawn-before-lock")},
+	{"sweep-resets-token", "Fencing/increase-across-sweep", ref("sweep-resets-token")},
+	{"sweep-judges-lease", "Fencing/increase-across-sweep", ref("sweep-judges-lease")},
+	// Results, keys and fingerprints as bytes.
+	{"complete-skips-empty-response", "Body/zero-response", wrap("complete-skips-empty-response")},
+	{"keys-valid-utf8", "Keys/invalid-utf8", fold("keys-valid-utf8")},
+	{"keys-cut-at-nul", "Keys/nul-byte", fold("keys-cut-at-nul")},
+	{"fingerprint-valid-utf8", "Conflict/fingerprint-bytes", fold("fingerprint-valid-utf8")},
+	{"fingerprint-cut-at-nul", "Conflict/fingerprint-bytes", fold("fingerprint-cut-at-nul")},
 }
 
 func TestSuiteKillsMutants(t *testing.T) {
@@ -234,6 +244,14 @@ func (m *mutant) handOut(key string, rec idempotency.Record, fromGet bool) idemp
 }
 
 func (m *mutant) Complete(ctx context.Context, key string, token uint64, resp idempotency.Response, now time.Time, retention time.Duration) error {
+	if m.bug == "complete-skips-empty-response" && resp.Status == 0 && len(resp.Header) == 0 && len(resp.Body) == 0 {
+		// Nothing to write, so nothing is written: the claim stays
+		// Processing.
+		if _, err := m.inner.Get(ctx, key, now); err != nil {
+			return err
+		}
+		return nil
+	}
 	if m.bug == "complete-ignores-token" {
 		if cur, live := m.current(ctx, key, now); live {
 			token = cur.Token

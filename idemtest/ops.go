@@ -366,6 +366,14 @@ var bodyClauses = []clause{
 	{"empty", func(e *env) {
 		e.roundTrip(e.key("empty"), idempotency.Response{Status: 204})
 	}},
+	{"zero-response", func(e *env) {
+		// A result with nothing in it (Status 0, no header, no body) is a
+		// result all the same: the record is Done and replays it, though
+		// an engine may see nothing to write.
+		k := e.key("zero")
+		e.roundTrip(k, idempotency.Response{})
+		e.wantState("Get after completing with a zero Response", e.get(k, e.at(1)), idempotency.Done, "fp", e.get(k, e.at(1)).Token)
+	}},
 	{"many-headers", func(e *env) {
 		h := map[string][]string{}
 		for i := range 50 {
@@ -398,6 +406,13 @@ var keyClauses = []clause{
 			k += "k"
 		}
 		e.oddKey(k)
+	}},
+	{"invalid-utf8", func(e *env) {
+		// Keys are bytes, not text: invalid UTF-8 is neither replaced nor
+		// refused (a text column would do either). The key ends in two
+		// invalid bytes, so the prefix oddKey tries differs from it only
+		// in them.
+		e.oddKey(e.key("bytes-\xff\xc3\x28-\xfe\xff"))
 	}},
 	{"case", func(e *env) {
 		// Keys are bytes: no case-insensitive collation, no padding.
