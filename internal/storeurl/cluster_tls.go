@@ -11,14 +11,15 @@ import (
 	"net"
 	"os"
 	"strings"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 )
 
-// The TLS query parameters of rediss:// and rediss+cluster:// URLs. Open
-// takes them itself for both forms, so that they mean the same in each:
-// go-redis's ParseURL knows skip_verify but its ParseClusterURL does not,
-// and neither can name a CA.
+// The TLS query parameters of rediss://, rediss+cluster:// and
+// rediss+sentinel:// URLs. Open takes them itself for each form, so that
+// they mean the same in each: go-redis's ParseURL and ParseFailoverURL know
+// skip_verify but its ParseClusterURL does not, and none can name a CA.
 const (
 	paramSkipVerify = "skip_verify"
 	paramCAFile     = "tls_ca_file"
@@ -33,7 +34,7 @@ func applyTLSParams(c *tls.Config, scheme string, p map[string]string) error {
 	if c == nil {
 		for _, n := range []string{paramSkipVerify, paramCAFile} {
 			if _, ok := p[n]; ok {
-				return invalid("query parameter %q is for TLS, which %s:// does not use (rediss:// and rediss+cluster:// do)", n, scheme)
+				return invalid("query parameter %q is for TLS, which %s:// does not use (rediss://, rediss+cluster:// and rediss+sentinel:// do)", n, scheme)
 			}
 		}
 		return nil
@@ -120,20 +121,30 @@ func loadCAFile(path string) (*x509.CertPool, error) {
 // certificate naming the seed's host name. SNI is the node's host name, or
 // the seed's when the node is announced by IP.
 func dialNodesByName(co *redis.ClusterOptions) {
-	base := co.TLSConfig
+	// co.DialTimeout is read at each dial, after NewClusterClient has
+	// filled in its default.
+	if d := nodeDialer(co.TLSConfig, func() time.Duration { return co.DialTimeout }); d != nil {
+		co.Dialer = d
+	}
+}
+
+// nodeDialer returns a dialer that checks each node's certificate as
+// dialNodesByName describes, base being the TLS config go-redis made of
+// the URL (its ServerName the URL's first host), or nil when there is no
+// certificate to check.
+func nodeDialer(base *tls.Config, dialTimeout func() time.Duration) func(ctx context.Context, network, addr string) (net.Conn, error) {
 	if base == nil || base.InsecureSkipVerify {
-		return
+		return nil
 	}
 	seed := base.ServerName
-	co.Dialer = func(ctx context.Context, network, addr string) (net.Conn, error) {
+	return func(ctx context.Context, network, addr string) (net.Conn, error) {
 		host, _, err := net.SplitHostPort(addr)
 		if err != nil {
-			return nil, fmt.Errorf("storeurl: cluster node address %q: %w", addr, err)
+			return nil, fmt.Errorf("storeurl: node address %q: %w", addr, err)
 		}
 		// go-redis's own dialer, for its timeout and keep-alive, with the
-		// node's TLS config. co.DialTimeout is read here, after
-		// NewClusterClient has filled in its default.
-		dial := redis.NewDialer(&redis.Options{DialTimeout: co.DialTimeout, TLSConfig: nodeTLS(base, seed, host)})
+		// node's TLS config.
+		dial := redis.NewDialer(&redis.Options{DialTimeout: dialTimeout(), TLSConfig: nodeTLS(base, seed, host)})
 		return dial(ctx, network, addr)
 	}
 }
@@ -163,7 +174,7 @@ func nodeTLS(base *tls.Config, seed, host string) *tls.Config {
 // base, accepting a leaf certificate valid for any of names.
 func verifyNames(base *tls.Config, cs tls.ConnectionState, names []string) error {
 	if len(cs.PeerCertificates) == 0 {
-		return errors.New("storeurl: the cluster node sent no certificate")
+		return errors.New("storeurl: the node sent no certificate")
 	}
 	opts := x509.VerifyOptions{Roots: base.RootCAs, Intermediates: x509.NewCertPool()}
 	if base.Time != nil {
@@ -183,7 +194,7 @@ func verifyNames(base *tls.Config, cs tls.ConnectionState, names []string) error
 	}
 	err := leaf.VerifyHostname(names[0])
 	if len(names) > 1 {
-		err = fmt.Errorf("%w, nor %s (the first seed's host)", err, names[1])
+		err = fmt.Errorf("%w, nor %s (the URL's first host)", err, names[1])
 	}
 	return &tls.CertificateVerificationError{UnverifiedCertificates: cs.PeerCertificates, Err: err}
 }

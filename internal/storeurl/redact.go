@@ -7,8 +7,9 @@ import (
 
 // Redact hides the secrets of a store (or any) URL for logs and errors,
 // also of one net/url cannot parse (a cluster URL with several or IPv6
-// hosts): the password of its user info and the values of its password
-// and sslpassword query parameters (pgx takes both from the query).
+// hosts): the password of its user info and the values of its password,
+// sslpassword (pgx takes both from the query) and sentinel_password query
+// parameters.
 func Redact(s string) string {
 	scheme, rest, ok := strings.Cut(s, "://")
 	if !ok {
@@ -34,7 +35,7 @@ func Redact(s string) string {
 	params := strings.Split(query, "&")
 	for i, p := range params {
 		k, _, _ := strings.Cut(p, "=")
-		if name, err := url.QueryUnescape(k); err == nil && (name == "password" || name == "sslpassword") {
+		if name, err := url.QueryUnescape(k); err == nil && (name == "password" || name == "sslpassword" || name == paramSentinelPassword) {
 			params[i] = k + "=xxxxx"
 		}
 	}

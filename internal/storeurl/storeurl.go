@@ -10,7 +10,28 @@
 //	redis+cluster://[user:pass@]host:port,host:port[/][?opts]
 //	rediss+cluster://...            a Redis Cluster, seeded by any of its nodes
 //	                                (go-redis ParseClusterURL options)
+//	redis+sentinel://[user:pass@]host:port,host:port/mastername[/db][?opts]
+//	rediss+sentinel://...           a master found through its Sentinels
+//	                                (go-redis ParseFailoverURL options)
 //	postgres://... postgresql://... a pgxpool (pgx connection string syntax)
+//
+// The hosts of a sentinel URL are the sentinels' (port 26379 when left
+// out); the path names the master as the sentinels monitor it (sentinel
+// monitor NAME ...), which is required and cannot be all digits (/0 alone
+// is refused as a database number without a master name), and then the
+// database (default 0). The user info is the master's and its replicas'
+// user, as in the other forms; sentinels that ask for a password of their
+// own get it from sentinel_password= (and sentinel_username= for an ACL
+// user). go-redis's master_name=, addr=, db=, username= and password= are
+// refused (the URL's parts say these), and so are its options that route
+// commands to replicas (replica_only=, route_by_latency=, route_randomly=):
+// the store writes. go-redis's other options (dial_timeout=,
+// read_timeout=, pool_size=, ...) pass through.
+//
+// The master and its replicas are dialled at the addresses the sentinels
+// announce (usually IPs); over rediss+sentinel each one's certificate must
+// name that host or the URL's first host, as for a cluster's nodes, and
+// the sentinels' certificates their own host or the URL's first host.
 //
 // The nodes of a rediss+cluster store are found from the seeds, and each
 // node's certificate must name that node's own host as the cluster
@@ -19,9 +40,9 @@
 // must name the URL's host.
 //
 // Certificates are checked against the system's roots (SSL_CERT_FILE,
-// SSL_CERT_DIR), or against the CAs of tls_ca_file= alone. rediss:// and
-// rediss+cluster:// take the same TLS parameters (redis:// and
-// redis+cluster:// refuse them):
+// SSL_CERT_DIR), or against the CAs of tls_ca_file= alone. rediss://,
+// rediss+cluster:// and rediss+sentinel:// take the same TLS parameters
+// (redis://, redis+cluster:// and redis+sentinel:// refuse them):
 //
 //	tls_ca_file=PATH     trust the CA certificates in this PEM file instead of
 //	                     the system's roots (a private CA); relative to the
@@ -49,6 +70,8 @@
 //	               (default: redis server, postgres caller; see the engines)
 //	schema=S, table=T     postgres: where the records live (pgstore.Options)
 //	tls_ca_file=PATH, skip_verify=true|false   rediss: TLS, above
+//	sentinel_username=U, sentinel_password=P    redis+sentinel: the
+//	               sentinels' credentials, above
 //
 // For example redis://127.0.0.1:6379/0?prefix=orders:&clock=server or
 // postgres://app@db/app?sslmode=require&schema=idem.
@@ -176,17 +199,25 @@ func parse(rawURL string) (opener, error) {
 		return func(ctx context.Context, opts Options) (idempotency.Store, io.Closer, error) {
 			return newRedis(ctx, redis.NewClusterClient(co), p, opts)
 		}, nil
+	case "redis+sentinel", "rediss+sentinel":
+		fo, p, err := sentinelOptions(scheme, rest)
+		if err != nil {
+			return nil, err
+		}
+		return func(ctx context.Context, opts Options) (idempotency.Store, io.Closer, error) {
+			return newRedis(ctx, redis.NewFailoverClient(fo), p, opts)
+		}, nil
 	case "postgres", "postgresql":
 		return postgresOpener(rawURL)
 	case "":
-		return nil, fmt.Errorf("%w: empty store URL (want memory, bolt:PATH, redis://, redis+cluster://, postgres://)", ErrUnknownScheme)
+		return nil, fmt.Errorf("%w: empty store URL (want memory, bolt:PATH, redis://, redis+cluster://, redis+sentinel://, postgres://)", ErrUnknownScheme)
 	}
 	if !isScheme(scheme) {
 		// Not quoted: it may be a key=value connection string with a
 		// password in it.
-		return nil, fmt.Errorf("%w: the store URL does not start with a scheme (want memory, bolt:PATH, redis://, rediss://, redis+cluster://, postgres://; a key=value connection string is not accepted)", ErrUnknownScheme)
+		return nil, fmt.Errorf("%w: the store URL does not start with a scheme (want memory, bolt:PATH, redis://, rediss://, redis+cluster://, redis+sentinel://, postgres://; a key=value connection string is not accepted)", ErrUnknownScheme)
 	}
-	return nil, fmt.Errorf("%w: %q (want memory, bolt:PATH, redis://, rediss://, redis+cluster://, postgres://)", ErrUnknownScheme, scheme)
+	return nil, fmt.Errorf("%w: %q (want memory, bolt:PATH, redis://, rediss://, redis+cluster://, redis+sentinel://, postgres://)", ErrUnknownScheme, scheme)
 }
 
 func openBolt(path string) (idempotency.Store, io.Closer, error) {
