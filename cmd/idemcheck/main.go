@@ -179,7 +179,7 @@ flags:
 	fs.DurationVar(&cfg.duration, "duration", 0, "demo: how long to send load (default 20s, at most "+maxDuration.String()+")")
 	fs.IntVar(&cfg.concurrency, "concurrency", 0, "demo: concurrent clients (default 8); target: concurrent duplicates per key, 2 to 256 (default 16)")
 	fs.BoolVar(&cfg.verbose, "v", false, "verbose: the demo server's log on stderr")
-	fs.StringVar(&cfg.store, "store", "", "store `URL` (memory, bolt:PATH, redis://..., redis+cluster://..., postgres://...): certify it, then run the demo on it")
+	fs.StringVar(&cfg.store, "store", "", "store `URL` (memory, bolt:PATH, redis://..., redis+cluster://..., redis+sentinel://..., postgres://...): certify it, then run the demo on it")
 	fs.StringVar(&cfg.visualize, "visualize", "", "store: write porcupine's drawing of each key history that is not linearizable into `DIR`, an existing directory (default: none written)")
 	fs.BoolVar(&cfg.unsafe, "unsafe-demo", false, "")
 	fs.StringVar(&cfg.target, "target", "", "black-box mode: the `URL` to POST to")

@@ -126,7 +126,7 @@ IDEMPROXY_UPSTREAM_TIMEOUT, ...); a flag on the command line wins.
 	var upstream, logLevel string
 	fs.StringVar(&c.listen, "listen", "127.0.0.1:8080", "address to serve the proxied API on")
 	fs.StringVar(&upstream, "upstream", "", "URL of the service to protect (required), e.g. http://127.0.0.1:9000")
-	fs.StringVar(&c.store, "store", "bolt:idempotency.db", "store URL: memory, bolt:PATH, redis://..., rediss://..., redis+cluster://host:port,host:port, postgres://...")
+	fs.StringVar(&c.store, "store", "bolt:idempotency.db", "store URL: memory, bolt:PATH, redis://..., rediss://..., redis+cluster://host:port,host:port, redis+sentinel://host:port,host:port/master, postgres://...")
 	fs.BoolVar(&c.migrate, "migrate", true, "create or upgrade the PostgreSQL schema at start (postgres stores)")
 	fs.DurationVar(&c.lease, "lease", 30*time.Second, "how long a claim excludes retries while the upstream runs (renewed while it runs)")
 	fs.DurationVar(&c.retention, "retention", 24*time.Hour, "dedup window: how long responses are replayed")

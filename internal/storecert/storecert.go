@@ -218,7 +218,10 @@ func resolve(ctx context.Context, rawURL string) (*target, error) {
 	switch s := strings.ToLower(scheme); s {
 	case "redis", "rediss", "postgres", "postgresql":
 		return resolveRemote(ctx, rawURL, s)
-	case "redis+cluster", "rediss+cluster":
+	case "redis+cluster", "rediss+cluster", "redis+sentinel", "rediss+sentinel":
+		// Several hosts, which toxiproxy cannot stand in front of: faults
+		// are injected in process, and the contract runs on the caller's
+		// clock (see resolveCluster).
 		return resolveCluster(ctx, rawURL)
 	}
 	s, closer, err := storeurl.Open(ctx, rawURL, storeurl.Options{})
@@ -344,7 +347,7 @@ func resolveRemote(ctx context.Context, rawURL, scheme string) (*target, error) 
 	return tgt, nil
 }
 
-// resolveCluster opens a Redis Cluster store: with clock=caller for the
+// resolveCluster opens a Redis Cluster or Sentinel store: with clock=caller for the
 // contract, as the URL says for the campaign. The campaign's faults are
 // faultstore injectors: a proxy would have to stand in for every node the
 // cluster announces, and cutting the store off closes its client.
