@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"reflect"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -40,6 +41,11 @@ const (
 //
 // A Guard holds all the policy; the Store only stores. A Guard is safe for
 // concurrent use and must not be modified after its first use.
+//
+// Store must hold a store: a nil Store, or a nil pointer of a store's type
+// (as left by a constructor whose error was ignored), is refused with
+// ErrInvalidConfig by NewGuard and Validate, and fails every call of Do
+// with Unavailable and an error wrapping ErrInvalidConfig, not a panic.
 //
 // The zero value of every field but Store is usable:
 //   - Lease (0: DefaultLease) is how long a claim excludes other callers
@@ -88,25 +94,49 @@ type Options struct {
 	Timeout    time.Duration
 }
 
-// NewGuard returns a Guard on store, with its options validated.
+// NewGuard returns a Guard on store, with its options validated. A nil
+// store, or a nil pointer of a store's type, is refused with
+// ErrInvalidConfig.
 func NewGuard(store Store, opts *Options) (*Guard, error) {
 	if opts == nil {
 		opts = &Options{}
 	}
 	g := &Guard{Store: store, Lease: opts.Lease, Retention: opts.Retention, Now: opts.Now,
 		RenewEvery: opts.RenewEvery, OnRenew: opts.OnRenew, Timeout: opts.Timeout}
-	if _, err := g.config(); err != nil {
+	if err := g.Validate(); err != nil {
 		return nil, err
 	}
 	return g, nil
 }
 
-// Validate reports whether the Guard's fields can work. Do calls it too (it
-// is a handful of comparisons) so that a Guard literal fails closed.
+// Validate reports whether the Guard's fields can work, with an error
+// wrapping ErrInvalidConfig if not. Do checks the same (a handful of
+// comparisons, and a typed-nil Store when its Begin panics) so that a Guard
+// literal fails closed.
 func (g *Guard) Validate() error {
-	_, err := g.config()
-	return err
+	if _, err := g.config(); err != nil {
+		return err
+	}
+	return checkStore(g.Store)
 }
+
+// checkStore refuses a Store that holds a nil pointer (or another nil
+// value of a type with methods): every call on it would panic. It uses
+// reflect, so it runs where the Guard is built and, on Do's path, only once
+// a Begin has panicked (see begin).
+func checkStore(s Store) error {
+	v := reflect.ValueOf(s)
+	switch v.Kind() {
+	case reflect.Pointer, reflect.Map, reflect.Func, reflect.Chan, reflect.Slice:
+		if v.IsNil() {
+			return fmt.Errorf("%w: Guard.Store is a nil %v (was the error of the store's constructor ignored?)", ErrInvalidConfig, v.Type())
+		}
+	}
+	return nil
+}
+
+// errNilFn is Do's answer to a nil fn, given before the key is claimed.
+var errNilFn = fmt.Errorf("%w: Guard.Do or Run called with a nil fn", ErrInvalidConfig)
 
 type config struct {
 	lease, retention, renewEvery, timeout time.Duration
@@ -224,6 +254,10 @@ type Result struct {
 // returns fn's response, Executed and the store's error: the side effect
 // happened but a retry may run fn again after the lease (fence it
 // downstream with TokenFrom).
+//
+// A nil fn is a programming error: Do returns Unavailable and an error
+// wrapping ErrInvalidConfig (and ErrUnavailable, as for every invalid
+// Guard) without touching the store, so the key is not claimed.
 func (g *Guard) Do(ctx context.Context, key, fingerprint string, fn func(context.Context) (Response, error)) (Response, Outcome, error) {
 	var r Result
 	err := g.run(ctx, key, fingerprint, fn, &r)
@@ -242,11 +276,18 @@ func (g *Guard) Run(ctx context.Context, key, fingerprint string, fn func(contex
 // Do would otherwise copy it on its way out of every call.
 func (g *Guard) run(ctx context.Context, key, fingerprint string, fn func(context.Context) (Response, error), res *Result) error {
 	cfg, err := g.config()
+	if err == nil && fn == nil {
+		err = errNilFn
+	}
 	if err != nil {
 		res.Outcome = Unavailable
 		return fmt.Errorf("%w: %w", ErrUnavailable, err)
 	}
 	if ms, ok := g.Store.(*MemoryStore); ok {
+		if ms == nil {
+			res.Outcome = Unavailable
+			return fmt.Errorf("%w: %w", ErrUnavailable, checkStore(ms))
+		}
 		// The same answer as below, without a Record in between, and
 		// without a time.Time unless fn runs. The fault hook runs before
 		// the clock is read: with Now set, the lease runs from that reading
@@ -293,7 +334,7 @@ func (g *Guard) run(ctx context.Context, key, fingerprint string, fn func(contex
 	if g.Now != nil {
 		sent = time.Now()
 	}
-	rec, claimed, err := g.Store.Begin(ctx, key, fingerprint, now, cfg.lease, cfg.retention)
+	rec, claimed, err := g.begin(ctx, key, fingerprint, now, cfg)
 	if err != nil {
 		res.Outcome = Unavailable
 		return unavailable("begin", err)
@@ -312,6 +353,23 @@ func (g *Guard) run(ctx context.Context, key, fingerprint string, fn func(contex
 		}
 	}
 	return g.execute(ctx, cfg, key, rec.Token, sent, fn, res)
+}
+
+// begin is Store.Begin for a Guard that may be a literal on a typed-nil
+// Store, which NewGuard and Validate refuse but Do cannot afford to check
+// with reflect on every call: a Begin that panics is checked then, and the
+// panic of a Store that is not nil goes on.
+func (g *Guard) begin(ctx context.Context, key, fingerprint string, now time.Time, cfg config) (rec Record, claimed bool, err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			if cerr := checkStore(g.Store); cerr != nil {
+				rec, claimed, err = Record{}, false, fmt.Errorf("%w: %w", ErrUnavailable, cerr)
+				return
+			}
+			panic(p)
+		}
+	}()
+	return g.Store.Begin(ctx, key, fingerprint, now, cfg.lease, cfg.retention)
 }
 
 // execute runs fn for the claim named by token, sent to the store at sent

@@ -35,7 +35,8 @@
 // file serves one process at a time (and one Open within it): instances
 // that must share a dedup window need redisstore or pgstore. Open waits
 // Options.OpenTimeout for the lock and then fails with ErrUnavailable
-// wrapping bbolt.ErrTimeout. The kernel drops the lock of a process that
+// wrapping bbolt.ErrTimeout, saying that the file is locked and how long
+// it waited. The kernel drops the lock of a process that
 // dies, even by SIGKILL, so a restarted process opens the file at once.
 //
 // Crashes. A process killed at any moment (SIGKILL, a panic elsewhere)
@@ -225,6 +226,12 @@ func open(path string, opts *Options, syncDir func(dir string) error) (*Store, e
 		// pages are synced as before, so durability is unchanged.
 		NoFreelistSync: true,
 	})
+	if errors.Is(err, bolt.ErrTimeout) {
+		// bbolt's ErrTimeout says only "timeout"; the lock is what it
+		// waited for.
+		return nil, fmt.Errorf("boltstore: open %s: %w: the file is locked by another process (or another Open in this one); gave up after %v (OpenTimeout): %w",
+			path, idempotency.ErrUnavailable, o.OpenTimeout, err)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("boltstore: open %s: %w: %w", path, idempotency.ErrUnavailable, err)
 	}

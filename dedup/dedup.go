@@ -102,7 +102,8 @@ type Options struct {
 	// Window is how long a processed message id is remembered (0: 24h).
 	// Redeliveries and duplicates later than that run fn again. It should
 	// exceed the broker's longest redelivery horizon (for JetStream,
-	// AckWait times MaxDeliver plus backoffs) and must be at least Lease.
+	// AckWait times MaxDeliver plus backoffs) and must be at least Lease
+	// (New refuses a shorter one with idempotency.ErrInvalidConfig).
 	Window time.Duration
 	// Lease is how long a consumer's claim excludes the others while fn
 	// runs (0: idempotency.DefaultLease, 30s). The claim is renewed while fn
@@ -157,6 +158,11 @@ func New(store idempotency.Store, opts *Options) (*Window, error) {
 	case o.Window < 0:
 		return nil, fmt.Errorf("%w: dedup: Window %v is negative", idempotency.ErrInvalidConfig, o.Window)
 	}
+	// Checked here rather than left to the Guard, whose error would name
+	// its Retention, an option a dedup user never set.
+	if window, lease := withDefault(o.Window, idempotency.DefaultRetention), withDefault(o.Lease, idempotency.DefaultLease); lease.d > 0 && window.d < lease.d {
+		return nil, fmt.Errorf("%w: dedup: Window %v is shorter than Lease %v", idempotency.ErrInvalidConfig, window, lease)
+	}
 	if o.UnavailableDelay == 0 {
 		o.UnavailableDelay = time.Second
 	}
@@ -170,6 +176,27 @@ func New(store idempotency.Store, opts *Options) (*Window, error) {
 		return nil, fmt.Errorf("dedup: %w", err)
 	}
 	return &Window{guard: g, opts: o}, nil
+}
+
+// setting is a duration option as New sees it: set, or the default that
+// its zero value stands for.
+type setting struct {
+	d   time.Duration
+	def bool
+}
+
+func withDefault(d, def time.Duration) setting {
+	if d == 0 {
+		return setting{def, true}
+	}
+	return setting{d, false}
+}
+
+func (s setting) String() string {
+	if s.def {
+		return s.d.String() + " (default)"
+	}
+	return s.d.String()
 }
 
 // Process runs fn for the message msgID unless it was processed inside the

@@ -3,6 +3,7 @@ package idemgrpc_test
 import (
 	"context"
 	"fmt"
+	"strings"
 
 	"github.com/archlab/idempotency"
 	"github.com/archlab/idempotency/idemgrpc"
@@ -14,7 +15,14 @@ func Example() {
 	if err != nil {
 		panic(err)
 	}
-	in, err := idemgrpc.UnaryServerInterceptor(guard, &idemgrpc.Options{Required: true})
+	// Keys are required, so name the guarded methods: with Methods nil every
+	// unary method would need one, health checks included.
+	in, err := idemgrpc.UnaryServerInterceptor(guard, &idemgrpc.Options{
+		Methods: func(fullMethod string) bool {
+			return strings.HasPrefix(fullMethod, "/shop.v1.Orders/")
+		},
+		Required: true,
+	})
 	if err != nil {
 		panic(err)
 	}

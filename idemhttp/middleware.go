@@ -73,7 +73,11 @@ var errResponseCut = errors.New("idemhttp: a write to the client failed, the res
 // Options configure New; nil means all defaults. Every zero value is usable.
 type Options struct {
 	// Methods are the guarded methods (nil: POST and PATCH). Others pass
-	// through untouched.
+	// through untouched. Methods are case-sensitive (RFC 9110, section
+	// 9.1) and matched as the client sent them, so New refuses a standard
+	// method not spelled in upper case ("post" would guard no POST), and
+	// an empty, non-nil list, which would guard nothing. Other methods
+	// (WebDAV's, custom ones) are taken as spelled.
 	Methods []string
 	// Required makes a guarded request without Idempotency-Key a 400
 	// (missing-key) instead of passing it through unguarded.
@@ -154,6 +158,18 @@ type Middleware struct {
 	window         dateCache
 }
 
+// standardMethod returns the method of RFC 9110 (or PATCH, RFC 5789) that
+// meth spells in any case, or "".
+func standardMethod(meth string) string {
+	for _, std := range []string{http.MethodGet, http.MethodHead, http.MethodPost, http.MethodPut, http.MethodPatch,
+		http.MethodDelete, http.MethodConnect, http.MethodOptions, http.MethodTrace} {
+		if strings.EqualFold(meth, std) {
+			return std
+		}
+	}
+	return ""
+}
+
 // New returns a Middleware running guarded requests through guard. Options
 // are validated here; an error wraps idempotency.ErrInvalidConfig.
 func New(guard *idempotency.Guard, opts *Options) (*Middleware, error) {
@@ -182,10 +198,16 @@ func New(guard *idempotency.Guard, opts *Options) (*Middleware, error) {
 	}
 	m.methods = []string{http.MethodPost, http.MethodPatch}
 	if opts.Methods != nil {
+		if len(opts.Methods) == 0 {
+			return invalid("Methods is empty: it would guard no request (nil means POST and PATCH)")
+		}
 		m.methods = nil
 		for _, meth := range opts.Methods {
 			if !validToken(meth) {
 				return invalid("method %q is not a token", meth)
+			}
+			if std := standardMethod(meth); std != "" && std != meth {
+				return invalid("method %q is not %s: methods are case-sensitive, and %q would guard no %s request", meth, std, meth, std)
 			}
 			m.methods = append(m.methods, meth)
 		}

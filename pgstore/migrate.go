@@ -31,6 +31,10 @@ var migrations embed.FS
 // that is not this store's: another store's Table in the same schema that
 // equals one of this store's derived names, or the reverse (Tables "a" and
 // "a_token_seq"), or an object of the application.
+//
+// Until it has run, every operation of the Store fails closed with
+// ErrUnavailable and an error that names the missing table and says to run
+// Migrate (idemproxy runs it at start unless -migrate=false).
 func (s *Store) Migrate(ctx context.Context) error {
 	steps, err := s.migrationSteps()
 	if err != nil {

@@ -304,7 +304,7 @@ func (s *Store) run(ctx context.Context, op string, policy rerun, f func(ctx con
 			return err
 		}
 		if ctx.Err() != nil {
-			return fmt.Errorf("pgstore: %s: %w: %w", op, idempotency.ErrUnavailable, err)
+			return s.unavailable(op, err)
 		}
 		switch {
 		case pgconn.SafeToRetry(err):
@@ -315,7 +315,7 @@ func (s *Store) run(ctx context.Context, op string, policy rerun, f func(ctx con
 			again = true
 			continue
 		case !retryable(err):
-			return fmt.Errorf("pgstore: %s: %w: %w", op, idempotency.ErrUnavailable, err)
+			return s.unavailable(op, err)
 		}
 		s.retries.Add(1)
 		t := time.NewTimer(backoff/2 + rand.N(backoff/2+1))
@@ -323,10 +323,23 @@ func (s *Store) run(ctx context.Context, op string, policy rerun, f func(ctx con
 		select {
 		case <-ctx.Done():
 			t.Stop()
-			return fmt.Errorf("pgstore: %s: %w: %w", op, idempotency.ErrUnavailable, errors.Join(err, ctx.Err()))
+			return s.unavailable(op, errors.Join(err, ctx.Err()))
 		case <-t.C:
 		}
 	}
+}
+
+// unavailable wraps a failure of op with ErrUnavailable. A store used
+// before Migrate created its table and sequence fails the same way, closed,
+// but says what to do: a bare "relation does not exist" sends the reader
+// looking for a bug.
+func (s *Store) unavailable(op string, err error) error {
+	var pe *pgconn.PgError
+	if errors.As(err, &pe) && (pe.Code == "42P01" || pe.Code == "3F000") { // undefined_table, invalid_schema_name
+		return fmt.Errorf("pgstore: %s: %w: table %s.%s or its token sequence does not exist: run Store.Migrate (or idemproxy -migrate): %w",
+			op, idempotency.ErrUnavailable, s.schema, s.table, err)
+	}
+	return fmt.Errorf("pgstore: %s: %w: %w", op, idempotency.ErrUnavailable, err)
 }
 
 // retryable reports the failures that applied nothing and may pass if the
@@ -442,7 +455,7 @@ func (s *Store) CompleteTx(ctx context.Context, tx pgx.Tx, key string, token uin
 	defer cancel()
 	err := s.affected(tx.Exec(ctx, s.completeSQL, s.completeArgs(key, token, resp, now, retention)...))
 	if err != nil && !errors.Is(err, idempotency.ErrLeaseLost) {
-		return fmt.Errorf("pgstore: complete tx: %w: %w", idempotency.ErrUnavailable, err)
+		return s.unavailable("complete tx", err)
 	}
 	return err
 }

@@ -61,8 +61,11 @@ type Options struct {
 	OpTimeout time.Duration
 	// Clock judges leases and windows (zero: ServerClock).
 	Clock Clock
-	// Logger receives the warning about an evicting maxmemory-policy, or
-	// a policy that could not be read (nil: slog.Default()).
+	// Logger receives New's warnings (nil: slog.Default()): about an
+	// evicting maxmemory-policy, or a policy that could not be read, and
+	// about a client without ContextTimeoutEnabled, which loses batching
+	// and lets a call cut short hold its pooled connection until
+	// ReadTimeout.
 	Logger *slog.Logger
 	// RequireNoEviction makes New fail with ErrInvalidConfig when a server
 	// reports a maxmemory-policy other than noeviction, instead of warning.
@@ -133,6 +136,12 @@ func New(client redis.UniversalClient, opts *Options) (*Store, error) {
 	log := opts.Logger
 	if log == nil {
 		log = slog.Default()
+	}
+	if !s.ctxHonored {
+		// Nothing fails, so without a word the cost goes unnoticed.
+		log.Warn("redisstore: the client does not have ContextTimeoutEnabled (or is of a type whose options New cannot read): "+
+			"operations are not batched, and one cut short by OpTimeout or its ctx holds its pooled connection until ReadTimeout; "+
+			"set ContextTimeoutEnabled: true in the client's options", "client", fmt.Sprintf("%T", client))
 	}
 	if err := s.checkEviction(log, opts.RequireNoEviction); err != nil {
 		return nil, err
