@@ -208,15 +208,13 @@ func serve(ctx context.Context, cfg *config, log *slog.Logger) error {
 			m.passedThru.Inc()
 		}
 		if cfg.upstreamTimeout > 0 {
-			// Every response, a replay's included, is written within the
-			// time the request may take (its body, then the upstream
-			// exchange) and cutGrace more: a client that stops reading
-			// cannot hold the handler, and the shutdown, for longer. The
-			// exchange's own end cuts sooner (writeCutter).
-			rc := http.NewResponseController(w)
-			if rc.SetWriteDeadline(time.Now().Add(cfg.bodyTimeout+cfg.upstreamTimeout+cutGrace)) == nil {
-				defer rc.SetWriteDeadline(time.Time{})
-			}
+			// Every response, a replay's included, is written within
+			// -upstream-timeout and cutGrace of its first byte: a client
+			// that stops reading cannot hold the handler, and the shutdown,
+			// for longer. The exchange's own end cuts sooner (writeCutter).
+			bw := &budgetWriter{ResponseWriter: w, budget: cfg.upstreamTimeout + cutGrace}
+			defer bw.done()
+			w = bw
 		}
 		if cfg.bodyTimeout > 0 && r.Body != nil && r.Body != http.NoBody {
 			b := newDeadlineBody(w, r.Body, cfg.bodyTimeout, streamed)
@@ -239,7 +237,7 @@ func serve(ctx context.Context, cfg *config, log *slog.Logger) error {
 	// a long stream's included. The body's arrival is bounded per request
 	// instead (newDeadlineBody), and a write to a client that stopped
 	// reading by the end of the upstream exchange (writeCutter) or, for
-	// any response, by the request's whole budget (above).
+	// any response, -upstream-timeout after its first byte (budgetWriter).
 	srv := &http.Server{Handler: handler, ReadHeaderTimeout: readHeaderTimeout, IdleTimeout: cfg.idleTimeout,
 		ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn)}
 	var (

@@ -9,8 +9,8 @@ import (
 )
 
 // TestStalledReaderOfReplayCut: a replay written to a client that stopped
-// reading is cut once the request has taken -body-timeout +
-// -upstream-timeout + 1s, like an upstream exchange's response, instead of
+// reading is cut once -upstream-timeout + 1s have passed since its first
+// byte, like an upstream exchange's response, instead of
 // holding the handler (and the shutdown) for as long as the client likes.
 func TestStalledReaderOfReplayCut(t *testing.T) {
 	const size = 24 << 20
@@ -32,7 +32,7 @@ func TestStalledReaderOfReplayCut(t *testing.T) {
 	if _, err := http.ReadResponse(c2.br, nil); err != nil {
 		t.Fatal(err)
 	}
-	// The client reads nothing more: the bound is 3.5s.
+	// The client reads nothing more: the bound is 3s.
 	start := time.Now()
 	for {
 		n := metricValue(t, p.admin, "idemproxy_requests_in_flight")
@@ -40,7 +40,7 @@ func TestStalledReaderOfReplayCut(t *testing.T) {
 			break
 		}
 		if time.Since(start) > 10*time.Second {
-			t.Fatalf("%v requests still in flight 10s after the replay began (bound 3.5s): the stalled reader holds it", n)
+			t.Fatalf("%v requests still in flight 10s after the replay began (bound 3s): the stalled reader holds it", n)
 		}
 		time.Sleep(50 * time.Millisecond)
 	}

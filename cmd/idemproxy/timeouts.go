@@ -101,3 +101,54 @@ func bodyTimedOut(r *http.Request, err error) bool {
 	defer b.mu.Unlock()
 	return !b.eof && !time.Now().Before(b.deadline)
 }
+
+// budgetWriter bounds the writing of a response from its first byte (a
+// status, an informational one included, or body bytes) to budget: past
+// it, a write to a client that stopped reading fails, and the handler
+// returns. It is counted from the first byte, not from the request, so
+// that what comes before the response (a body that takes its time, a wait
+// for another request's claim, a slow store) does not cut the response of
+// an upstream call that ran. The deadline is lifted when the handler
+// returns, for the connection's next request.
+type budgetWriter struct {
+	http.ResponseWriter
+	budget time.Duration
+	set    bool // the deadline is set (the first byte was written)
+}
+
+func (b *budgetWriter) start() {
+	if !b.set {
+		b.set = true
+		_ = http.NewResponseController(b.ResponseWriter).SetWriteDeadline(time.Now().Add(b.budget))
+	}
+}
+
+func (b *budgetWriter) done() {
+	if b.set {
+		_ = http.NewResponseController(b.ResponseWriter).SetWriteDeadline(time.Time{})
+	}
+}
+
+func (b *budgetWriter) WriteHeader(code int) {
+	b.start()
+	b.ResponseWriter.WriteHeader(code)
+}
+
+func (b *budgetWriter) Write(p []byte) (int, error) {
+	b.start()
+	return b.ResponseWriter.Write(p)
+}
+
+// ReadFrom keeps net/http's own ReadFrom (sendfile, its buffers) for a
+// writer that copies a body in.
+func (b *budgetWriter) ReadFrom(r io.Reader) (int64, error) {
+	b.start()
+	if rf, ok := b.ResponseWriter.(io.ReaderFrom); ok {
+		return rf.ReadFrom(r)
+	}
+	return io.Copy(struct{ io.Writer }{b.ResponseWriter}, r)
+}
+
+// Unwrap gives http.ResponseController (Flush, Hijack for upgrades, the
+// deadlines) and idemhttp the writer underneath.
+func (b *budgetWriter) Unwrap() http.ResponseWriter { return b.ResponseWriter }
