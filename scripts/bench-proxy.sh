@@ -23,7 +23,10 @@
 #
 # Environment: BENCH_DURATION seconds per run (default 5), BENCH_ROUNDS
 # pairs of runs (default 3), BENCH_CONNS connections (default 64),
-# BENCH_THREADS wrk threads (default 1). Every process runs on this
+# BENCH_THREADS wrk threads (default 1), BENCH_PPROF a directory: idemproxy
+# is built with -tags pprof and a CPU profile of its first run of each
+# store and workload is written there (STORE-WORKLOAD.pprof; read it with
+# go tool pprof). Every process runs on this
 # machine, wrk included: on a small or shared machine they compete for the
 # CPU, which the load averages printed before each store show.
 #
@@ -100,7 +103,13 @@ measure() {
 }
 
 echo "== building idemproxy and benchupstream"
-go build -o "$dir/idemproxy" ./cmd/idemproxy
+pprof_dir=${BENCH_PPROF:-}
+if [[ -n $pprof_dir ]]; then
+	mkdir -p "$pprof_dir"
+	go build -tags pprof -o "$dir/idemproxy" ./cmd/idemproxy
+else
+	go build -o "$dir/idemproxy" ./cmd/idemproxy
+fi
 go build -o "$dir/benchupstream" ./scripts/benchupstream
 
 up_port=$(freeport)
@@ -152,7 +161,8 @@ for store in "${stores[@]}"; do
 		;;
 	esac
 	proxy_port=$(freeport)
-	"$dir/idemproxy" -listen "127.0.0.1:$proxy_port" -admin "" -upstream "http://127.0.0.1:$up_port" \
+	pprof_port=$(freeport)
+	IDEMPROXY_PPROF=${pprof_dir:+127.0.0.1:$pprof_port} "$dir/idemproxy" -listen "127.0.0.1:$proxy_port" -admin "" -upstream "http://127.0.0.1:$up_port" \
 		-store "$url" "${extra[@]}" -log-level warn 2>>"$dir/idemproxy.log" &
 	ppid=$!
 	pids+=($ppid)
@@ -181,7 +191,14 @@ for store in "${stores[@]}"; do
 			id=$run
 			[[ $workload == new ]] && id=$run-$r
 			plain+=("$(measure "$plain_port" "$plain_pid" "$script" "$id-plain")")
+			prof=
+			if [[ -n $pprof_dir && $r == 1 ]]; then
+				curl -s -o "$pprof_dir/$store-$workload.pprof" \
+					"http://127.0.0.1:$pprof_port/debug/pprof/profile?seconds=$((duration > 2 ? duration - 1 : 1))" &
+				prof=$!
+			fi
 			idem+=("$(measure "$proxy_port" "$ppid" "$script" "$id")")
+			if [[ -n $prof ]]; then wait "$prof" || echo "bench-proxy: no profile from idemproxy" >&2; fi
 		done
 		line=$(python3 - "$store" "$workload" "$(printf '%s,' "${plain[@]}")" "$(printf '%s,' "${idem[@]}")" <<'PY'
 import sys
