@@ -194,7 +194,7 @@ func serve(ctx context.Context, cfg *config, log *slog.Logger) error {
 	if err != nil {
 		return fmt.Errorf("%w: %w", errUsage, err)
 	}
-	proxy := newReverseProxy(cfg.upstream, cfg.upstreamTimeout, log)
+	proxy := newReverseProxy(cfg.upstream, cfg.upstreamTimeout, log, nil)
 	runScope := scope
 	if runScope == nil {
 		runScope = idemhttp.DefaultScope

@@ -23,9 +23,12 @@ import (
 
 // newReverseProxy returns the proxy to the upstream. timeout bounds one
 // upstream exchange (0: none). A guarded request comes already bounded by
-// the Guard's Timeout; the rest get a context.WithTimeout here.
-func newReverseProxy(up *url.URL, timeout time.Duration, log *slog.Logger) http.Handler {
-	transport := http.DefaultTransport.(*http.Transport).Clone()
+// the Guard's Timeout; the rest get a context.WithTimeout here. transport
+// is nil (a clone of http.DefaultTransport) but in tests.
+func newReverseProxy(up *url.URL, timeout time.Duration, log *slog.Logger, transport *http.Transport) http.Handler {
+	if transport == nil {
+		transport = http.DefaultTransport.(*http.Transport).Clone()
+	}
 	transport.MaxIdleConnsPerHost = 256
 	rp := &httputil.ReverseProxy{
 		Rewrite: func(pr *httputil.ProxyRequest) {
@@ -37,6 +40,16 @@ func newReverseProxy(up *url.URL, timeout time.Duration, log *slog.Logger) http.
 				// body left to refuse, and one that does not support Expect
 				// would answer 417, a stored status, for the whole window.
 				pr.Out.Header.Del("Expect")
+				// The middleware hands over the body from memory, and
+				// the Transport sends a body it knows to be in memory in
+				// one write with the head; ReverseProxy's own wrapper
+				// (which keeps the Transport from closing a body still
+				// arriving from the client) hides it, and costs a second
+				// write and packet per request. A body in memory has
+				// nothing left to arrive, and closing it does nothing.
+				if pr.Out.Body != nil {
+					pr.Out.Body = pr.In.Body
+				}
 			}
 			// net/http's Transport silently resends a body-less request
 			// that carries Idempotency-Key or X-Idempotency-Key when a
