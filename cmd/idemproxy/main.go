@@ -211,13 +211,22 @@ func serve(ctx context.Context, cfg *config, log *slog.Logger) error {
 			// Every response, a replay's included, is written within
 			// -upstream-timeout and cutGrace of its first byte: a client
 			// that stops reading cannot hold the handler, and the shutdown,
-			// for longer. The exchange's own end cuts sooner (writeCutter).
+			// for longer. (Without -upstream-timeout, the exchange's end
+			// cuts a blocked write instead: writeCutter.)
 			bw := &budgetWriter{ResponseWriter: w, budget: cfg.upstreamTimeout + cutGrace}
 			defer bw.done()
 			w = bw
 		}
-		if cfg.bodyTimeout > 0 && r.Body != nil && r.Body != http.NoBody {
-			b := newDeadlineBody(w, r.Body, cfg.bodyTimeout, streamed)
+		switch {
+		case cfg.bodyTimeout <= 0 || r.Body == nil || r.Body == http.NoBody:
+		case !streamed:
+			// The middleware reads a guarded body whole before anything
+			// else, and the server lifts the deadline when it has read
+			// the body to its end: one deadline, nothing to wrap. (A body
+			// cut short is idemhttp's 400, its key not taken.)
+			_ = http.NewResponseController(w).SetReadDeadline(time.Now().Add(cfg.bodyTimeout))
+		default:
+			b := newDeadlineBody(w, r.Body, cfg.bodyTimeout)
 			defer b.handlerDone()
 			// On a copy: the server looks at its own request's Body after
 			// the handler (an unread Expect: 100-continue body closes the
@@ -236,8 +245,9 @@ func serve(ctx context.Context, cfg *config, log *slog.Logger) error {
 	// upload as a whole, the second every response, a slow upstream's and
 	// a long stream's included. The body's arrival is bounded per request
 	// instead (newDeadlineBody), and a write to a client that stopped
-	// reading by the end of the upstream exchange (writeCutter) or, for
-	// any response, -upstream-timeout after its first byte (budgetWriter).
+	// reading -upstream-timeout + cutGrace after the response's first byte
+	// (budgetWriter) or, with no -upstream-timeout, by the end of the
+	// upstream exchange (writeCutter).
 	srv := &http.Server{Handler: handler, ReadHeaderTimeout: readHeaderTimeout, IdleTimeout: cfg.idleTimeout,
 		ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn)}
 	var (

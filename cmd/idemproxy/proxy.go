@@ -84,15 +84,22 @@ func newReverseProxy(up *url.URL, timeout time.Duration, log *slog.Logger, trans
 			defer cancel() // after the cutter is stopped (defers run last first)
 			r = r.WithContext(ctx)
 		}
-		c := &writeCutter{w: w}
-		stop := context.AfterFunc(r.Context(), c.cut)
-		defer c.stop(stop)
+		if timeout <= 0 {
+			// With -upstream-timeout, every response's writing is bounded
+			// from its first byte (budgetWriter), which is what the cutter
+			// would bound here, at most the time before that byte later,
+			// for a context.AfterFunc per request less.
+			c := &writeCutter{w: w}
+			stop := context.AfterFunc(r.Context(), c.cut)
+			defer c.stop(stop)
+		}
 		rp.ServeHTTP(w, r)
 	})
 }
 
 // writeCutter ends a write to the client that blocks past the end of the
-// exchange's context (-upstream-timeout, a lost lease, the client gone).
+// exchange's context (a lost lease, the client gone) when -upstream-timeout
+// is 0; otherwise the response's write budget bounds such a write.
 // ReverseProxy stops when its context ends, but not while it is blocked
 // writing to a client that stopped reading: without a write deadline that
 // write, and with it the handler, the upstream connection and the claim,

@@ -15,16 +15,16 @@ import (
 // -body-timeout has passed before the body arrived whole.
 var errBodyTimeout = errors.New("the request body did not arrive within -body-timeout")
 
-// deadlineBody bounds the arrival of a request body, so that a client that
-// trickles its body cannot hold a connection and a goroutine (and, when the
-// body is streamed, an upstream connection) for as long as it likes. It
-// sets the client connection's read deadline when the handler starts; the
-// server lifts it when the body has been read to its end. A guarded body
-// (at most -max-body, read whole before the upstream is called) must
-// arrive within the timeout; a streamed one, of any length, must not pause
-// for longer (each read moves the deadline on), so that a large upload
-// still passes. http.Server.ReadTimeout would bound a streamed upload as a
-// whole.
+// deadlineBody bounds the arrival of a streamed request body (one that the
+// Transport copies upstream as it comes), so that a client that trickles
+// its body cannot hold a connection, a goroutine and an upstream connection
+// for as long as it likes. It sets the client connection's read deadline
+// when the handler starts and moves it on with each read, so that the
+// timeout bounds each pause, not the whole body, and a large upload still
+// passes (http.Server.ReadTimeout would bound the upload as a whole); the
+// server lifts the deadline when the body has been read to its end. (A
+// guarded body, at most -max-body, is read whole by the middleware before
+// anything else: it gets one deadline and no wrapper, see serve.)
 //
 // The body may be read after the handler returned (an http.Transport's
 // write loop); the connection may then serve another request, so the
@@ -33,7 +33,6 @@ type deadlineBody struct {
 	io.ReadCloser
 	rc      *http.ResponseController
 	timeout time.Duration
-	idle    bool // the timeout bounds each pause, not the whole body
 
 	mu       sync.Mutex
 	deadline time.Time
@@ -41,9 +40,9 @@ type deadlineBody struct {
 	eof, done bool
 }
 
-func newDeadlineBody(w http.ResponseWriter, body io.ReadCloser, timeout time.Duration, idle bool) *deadlineBody {
+func newDeadlineBody(w http.ResponseWriter, body io.ReadCloser, timeout time.Duration) *deadlineBody {
 	rc := http.NewResponseController(w)
-	b := &deadlineBody{ReadCloser: body, rc: rc, timeout: timeout, idle: idle, deadline: time.Now().Add(timeout)}
+	b := &deadlineBody{ReadCloser: body, rc: rc, timeout: timeout, deadline: time.Now().Add(timeout)}
 	if err := rc.SetReadDeadline(b.deadline); err != nil {
 		b.done = true // a writer without deadlines: nothing to move
 	}
@@ -51,14 +50,12 @@ func newDeadlineBody(w http.ResponseWriter, body io.ReadCloser, timeout time.Dur
 }
 
 func (b *deadlineBody) Read(p []byte) (int, error) {
-	if b.idle {
-		b.mu.Lock()
-		if !b.eof && !b.done {
-			b.deadline = time.Now().Add(b.timeout)
-			_ = b.rc.SetReadDeadline(b.deadline)
-		}
-		b.mu.Unlock()
+	b.mu.Lock()
+	if !b.eof && !b.done {
+		b.deadline = time.Now().Add(b.timeout)
+		_ = b.rc.SetReadDeadline(b.deadline)
 	}
+	b.mu.Unlock()
 	n, err := b.ReadCloser.Read(p)
 	switch {
 	case err == io.EOF:
