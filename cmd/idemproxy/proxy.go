@@ -6,6 +6,7 @@ import (
 	"crypto/tls"
 	"encoding/hex"
 	"errors"
+	"fmt"
 	"log/slog"
 	"net"
 	"net/http"
@@ -67,6 +68,12 @@ func newReverseProxy(up *url.URL, timeout time.Duration, log *slog.Logger, trans
 			}
 		},
 		Transport: transport,
+		ModifyResponse: func(res *http.Response) error {
+			if hs, ok := res.Request.Context().Value(handshakeKey{}).(*time.Timer); ok && res.StatusCode == http.StatusSwitchingProtocols {
+				hs.Stop() // the handshake is over
+			}
+			return nil
+		},
 		// Without a pool ReverseProxy allocates a 32 KiB copy buffer per
 		// request, the largest allocation on the proxy's path.
 		BufferPool: &bufferPool{},
@@ -80,9 +87,19 @@ func newReverseProxy(up *url.URL, timeout time.Duration, log *slog.Logger, trans
 			w = &informationalFilter{w}
 		}
 		if dl, ok := r.Context().Deadline(); timeout > 0 && (!ok || time.Until(dl) > timeout) {
-			ctx, cancel := context.WithTimeout(r.Context(), timeout)
-			defer cancel() // after the cutter is stopped (defers run last first)
-			r = r.WithContext(ctx)
+			if isUpgrade(r) {
+				// -upstream-timeout bounds the handshake; the connection
+				// it upgrades (a WebSocket) lasts as long as its ends
+				// keep it, and ReverseProxy closes it when ctx ends.
+				ctx, cancel := context.WithCancelCause(r.Context())
+				defer cancel(nil)
+				hs := time.AfterFunc(timeout, func() { cancel(errHandshakeTimeout) })
+				r = r.WithContext(context.WithValue(ctx, handshakeKey{}, hs))
+			} else {
+				ctx, cancel := context.WithTimeout(r.Context(), timeout)
+				defer cancel() // after the cutter is stopped (defers run last first)
+				r = r.WithContext(ctx)
+			}
 		}
 		if timeout <= 0 {
 			// With -upstream-timeout, every response's writing is bounded
@@ -95,6 +112,31 @@ func newReverseProxy(up *url.URL, timeout time.Duration, log *slog.Logger, trans
 		}
 		rp.ServeHTTP(w, r)
 	})
+}
+
+// handshakeKey is the context key of an upgrade request's handshake
+// timer, which ends the exchange at -upstream-timeout unless the upstream
+// switched protocols by then.
+type handshakeKey struct{}
+
+// errHandshakeTimeout ends an upgrade request's exchange when the upstream
+// did not switch protocols within -upstream-timeout.
+var errHandshakeTimeout = fmt.Errorf("the upstream did not switch protocols within -upstream-timeout: %w", context.DeadlineExceeded)
+
+// isUpgrade reports whether r asks to switch protocols (a WebSocket's
+// handshake): an Upgrade field named in Connection.
+func isUpgrade(r *http.Request) bool {
+	if r.Header.Get("Upgrade") == "" {
+		return false
+	}
+	for _, v := range r.Header["Connection"] {
+		for tok := range strings.SplitSeq(v, ",") {
+			if strings.EqualFold(strings.TrimSpace(tok), "upgrade") {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // writeCutter ends a write to the client that blocks past the end of the
