@@ -28,7 +28,7 @@
 // The body is read (up to Options.MaxBody, or an outer
 // http.MaxBytesReader's limit, else 413) before the handler runs and handed
 // to it again, from memory, with its length in Request.ContentLength (a
-// chunked upload included). The same key for another request, another path included, is
+// chunked upload's too, unless it has trailers). The same key for another request, another path included, is
 // a conflict (422, or 409), never a replay. The host is in neither: one
 // middleware in front of several hosts (virtual hosting) should add
 // r.Host to its Scope, or a caller's key used on two hosts for the same

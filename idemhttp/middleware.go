@@ -610,8 +610,11 @@ func (m *Middleware) serve(next http.Handler, w http.ResponseWriter, r *http.Req
 			ex := newExchange(body)
 			r2.Body, hw = ex.handlerBody(), &ex.hw
 			// The length is known now: a handler that forwards the
-			// request sends it with a Content-Length, not chunked.
-			r2.ContentLength, r2.TransferEncoding = int64(len(body)), nil
+			// request sends it with a Content-Length, not chunked (but
+			// for a body with trailers, which only chunked carries).
+			if len(r.Trailer) == 0 {
+				r2.ContentLength, r2.TransferEncoding = int64(len(body)), nil
+			}
 		} else {
 			hw = &handlerWriter{}
 		}

@@ -40,6 +40,7 @@ func TestGuardedBodyOneWriteUpstream(t *testing.T) {
 		length   int64
 		encoding []string
 		body     string
+		trailer  string
 	}
 	var (
 		mu   sync.Mutex
@@ -48,7 +49,7 @@ func TestGuardedBodyOneWriteUpstream(t *testing.T) {
 	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		b, _ := io.ReadAll(r.Body)
 		mu.Lock()
-		last = seen{r.ContentLength, r.TransferEncoding, string(b)}
+		last = seen{r.ContentLength, r.TransferEncoding, string(b), r.Trailer.Get("X-Checksum")}
 		mu.Unlock()
 		w.WriteHeader(http.StatusCreated)
 	}))
@@ -81,11 +82,14 @@ func TestGuardedBodyOneWriteUpstream(t *testing.T) {
 		key     string
 		chunked bool
 		body    string
-		writes  int64
+		writes  int64 // 0: not counted
+		trailer string
 	}{
-		{"guarded", `"w-1"`, false, body, 1},
-		{"guarded, sent chunked", `"w-2"`, true, body, 1},
-		{"guarded, beyond the inline room", `"w-3"`, false, strings.Repeat("x", 2000), 1},
+		{"guarded", `"w-1"`, false, body, 1, ""},
+		{"guarded, sent chunked", `"w-2"`, true, body, 1, ""},
+		{"guarded, beyond the inline room", `"w-3"`, false, strings.Repeat("x", 2000), 1, ""},
+		// Only chunked carries trailers: that body stays chunked.
+		{"guarded, chunked with a trailer", `"w-4"`, true, body, 0, "c0ffee"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var rd io.Reader = strings.NewReader(tc.body)
@@ -94,6 +98,9 @@ func TestGuardedBodyOneWriteUpstream(t *testing.T) {
 			}
 			req, _ := http.NewRequest(http.MethodPost, proxy.URL+"/orders", rd)
 			req.Header.Set("Idempotency-Key", tc.key)
+			if tc.trailer != "" {
+				req.Trailer = http.Header{"X-Checksum": {tc.trailer}}
+			}
 			writes.Store(0)
 			resp, err := proxy.Client().Do(req)
 			if err != nil {
@@ -106,11 +113,14 @@ func TestGuardedBodyOneWriteUpstream(t *testing.T) {
 			mu.Lock()
 			got := last
 			mu.Unlock()
-			if got.body != tc.body || got.length != int64(len(tc.body)) || len(got.encoding) != 0 {
-				t.Errorf("upstream got Content-Length %d, Transfer-Encoding %q and %d bytes; want Content-Length %d",
-					got.length, got.encoding, len(got.body), len(tc.body))
+			switch {
+			case got.body != tc.body || got.trailer != tc.trailer:
+				t.Errorf("upstream got %d bytes and trailer %q; want %d and %q", len(got.body), got.trailer, len(tc.body), tc.trailer)
+			case tc.trailer == "" && (got.length != int64(len(tc.body)) || len(got.encoding) != 0):
+				t.Errorf("upstream got Content-Length %d and Transfer-Encoding %q; want Content-Length %d",
+					got.length, got.encoding, len(tc.body))
 			}
-			if n := writes.Load(); n != tc.writes {
+			if n := writes.Load(); tc.writes != 0 && n != tc.writes {
 				t.Errorf("the request went upstream in %d writes, want %d", n, tc.writes)
 			}
 		})
