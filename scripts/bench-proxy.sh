@@ -21,6 +21,12 @@
 #   replay  scripts/wrk-replay.lua: 64 keys executed once beforehand, then
 #           replayed from the store without the upstream. Goal: at least 2x.
 #
+# Each line also gives both proxies' median and 99th percentile latency as
+# wrk saw them. With BENCH_UPSTREAM_DELAY (a Go duration, e.g. 20ms) the
+# upstream waits that long before answering each request, as an API
+# waiting on its database does: the run is then bound by latency rather
+# than by the CPU, and the latencies show what idemproxy adds to a request.
+#
 # Environment: BENCH_DURATION seconds per run (default 5), BENCH_ROUNDS
 # pairs of runs (default 3), BENCH_CONNS connections (default 64),
 # BENCH_THREADS wrk threads (default 1), BENCH_PPROF a directory: idemproxy
@@ -91,15 +97,24 @@ cputicks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
 measure() {
 	local out before after
 	before=$(cputicks "$2")
-	out=$(WRK_RUN=$4 wrk -t "$threads" -c "$conns" -d "${duration}s" -s "scripts/$3" "http://127.0.0.1:$1/orders")
+	out=$(WRK_RUN=$4 wrk --latency -t "$threads" -c "$conns" -d "${duration}s" -s "scripts/$3" "http://127.0.0.1:$1/orders")
 	after=$(cputicks "$2")
 	if grep -q 'Non-2xx' <<<"$out"; then
 		echo "bench-proxy: $(grep 'Non-2xx' <<<"$out" | tr -s ' ') from port $1 ($3)" >&2
 	fi
 	awk -v ticks=$((after - before)) -v hz="$(getconf CLK_TCK)" '
+		function ms(v) { # a wrk duration (850.00us, 1.23ms, 1.02s, 2.00m) in milliseconds
+			if (v ~ /us$/) return v * 0.001
+			if (v ~ /ms$/) return v + 0
+			if (v ~ /m$/) return v * 60000
+			if (v ~ /s$/) return v * 1000
+			return v + 0
+		}
 		/requests in/ {n = $1}
 		/^Requests\/sec:/ {rps = $2}
-		END {printf "%s %.1f\n", rps, (n > 0 ? ticks / hz * 1e6 / n : 0)}' <<<"$out"
+		$1 == "50%" {p50 = ms($2)}
+		$1 == "99%" {p99 = ms($2)}
+		END {printf "%s %.1f %.3f %.3f\n", rps, (n > 0 ? ticks / hz * 1e6 / n : 0), p50, p99}' <<<"$out"
 }
 
 echo "== building idemproxy and benchupstream"
@@ -113,7 +128,7 @@ fi
 go build -o "$dir/benchupstream" ./scripts/benchupstream
 
 up_port=$(freeport)
-"$dir/benchupstream" -listen "127.0.0.1:$up_port" &
+"$dir/benchupstream" -listen "127.0.0.1:$up_port" -delay "${BENCH_UPSTREAM_DELAY:-0}" &
 pids+=($!)
 waitport "$up_port" $!
 plain_port=$(freeport)
@@ -122,7 +137,7 @@ plain_pid=$!
 pids+=($plain_pid)
 waitport "$plain_port" $plain_pid
 
-echo "== $(nproc) CPUs; wrk -t $threads -c $conns -d ${duration}s; $rounds alternating pairs per line; go $(go env GOVERSION)"
+echo "== $(nproc) CPUs; wrk -t $threads -c $conns -d ${duration}s; $rounds alternating pairs per line; upstream delay ${BENCH_UPSTREAM_DELAY:-0}; go $(go env GOVERSION)"
 summary=()
 for store in "${stores[@]}"; do
 	extra=()
@@ -209,10 +224,14 @@ plain, idem = runs(sys.argv[3]), runs(sys.argv[4])
 mean = lambda xs: sum(xs) / len(xs)
 p, i = mean([r[0] for r in plain]), mean([r[0] for r in idem])
 pc, ic = mean([r[1] for r in plain]), mean([r[1] for r in idem])
+med = lambda xs: sorted(xs)[len(xs) // 2]
+p50p, p50i = med([r[2] for r in plain]), med([r[2] for r in idem])
+p99p, p99i = med([r[3] for r in plain]), med([r[3] for r in idem])
 goal = 0.90 if wl == "new" else 2.0
 r = i / p
 print(f"{store:7} {wl:7} plain {p:7.0f} req/s {pc:5.1f} us/req | idemproxy {i:7.0f} req/s {ic:5.1f} us/req | "
       f"ratio {r:4.2f}x (goal >= {goal:.2f}x: {'met' if r >= goal else 'NOT met'}) | CPU per request {ic / pc:4.2f}x"
+      f" | latency ms p50/p99: plain {p50p:.2f}/{p99p:.2f}, idemproxy {p50i:.2f}/{p99i:.2f}"
       f" | runs req/s: plain {' '.join(f'{x[0]:.0f}' for x in plain)}; idemproxy {' '.join(f'{x[0]:.0f}' for x in idem)}")
 PY
 )

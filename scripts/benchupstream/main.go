@@ -9,7 +9,8 @@
 //	benchupstream -listen 127.0.0.1:9001 -proxy http://127.0.0.1:9000      # the plain proxy
 //
 // The service reads the request body and answers 201 with a small JSON body
-// that echoes its size, like an API creating a resource.
+// that echoes its size, like an API creating a resource; with -delay it
+// waits that long first.
 package main
 
 import (
@@ -31,6 +32,7 @@ import (
 func main() {
 	listen := flag.String("listen", "127.0.0.1:9000", "address to serve on")
 	proxy := flag.String("proxy", "", "if set, be a plain reverse proxy to this URL instead of the service")
+	delay := flag.Duration("delay", 0, "the service waits this long before answering, as an API waiting on its database does (0: answers at once)")
 	flag.Parse()
 	var h http.Handler
 	if *proxy != "" {
@@ -40,7 +42,7 @@ func main() {
 		}
 		h = plainProxy(up)
 	} else {
-		h = service()
+		h = service(*delay)
 	}
 	srv := &http.Server{Addr: *listen, Handler: h, ReadHeaderTimeout: 10 * time.Second}
 	if err := srv.ListenAndServe(); err != nil && !errors.Is(err, http.ErrServerClosed) {
@@ -79,10 +81,13 @@ func (b *bufferPool) Get() []byte {
 
 func (b *bufferPool) Put(buf []byte) { b.p.Put(&buf) }
 
-func service() http.Handler {
+func service(delay time.Duration) http.Handler {
 	var seq atomic.Int64
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		n, _ := io.Copy(io.Discard, r.Body)
+		if delay > 0 {
+			time.Sleep(delay)
+		}
 		id := seq.Add(1)
 		b := make([]byte, 0, 64)
 		b = append(b, `{"id":`...)
