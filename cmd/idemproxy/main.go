@@ -213,9 +213,7 @@ func serve(ctx context.Context, cfg *config, log *slog.Logger) error {
 			// that stops reading cannot hold the handler, and the shutdown,
 			// for longer. (Without -upstream-timeout, the exchange's end
 			// cuts a blocked write instead: writeCutter.)
-			bw := &budgetWriter{ResponseWriter: w, budget: cfg.upstreamTimeout + cutGrace}
-			defer bw.done()
-			w = bw
+			w = &budgetWriter{ResponseWriter: w, budget: cfg.upstreamTimeout + cutGrace}
 		}
 		switch {
 		case cfg.bodyTimeout <= 0 || r.Body == nil || r.Body == http.NoBody:
@@ -250,6 +248,9 @@ func serve(ctx context.Context, cfg *config, log *slog.Logger) error {
 	// upstream exchange (writeCutter).
 	srv := &http.Server{Handler: handler, ReadHeaderTimeout: readHeaderTimeout, IdleTimeout: cfg.idleTimeout,
 		ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn)}
+	if testHookListener != nil {
+		ln = testHookListener(ln)
+	}
 	var (
 		adminSrv *http.Server
 		adminLn  net.Listener

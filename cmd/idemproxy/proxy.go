@@ -149,8 +149,8 @@ func isUpgrade(r *http.Request) bool {
 // context ends, writes get cutGrace more (the 504 that may follow is a
 // few hundred bytes); a write blocked past it fails, the response is cut
 // off (its claim kept, as for any response cut short) and the connection
-// closed. When the handler returns, the deadline is lifted again, for the
-// server's last flush and the connection's next request.
+// closed. The server lifts the deadline once it has written the response,
+// before the connection's next request.
 type writeCutter struct {
 	w    http.ResponseWriter
 	mu   sync.Mutex
@@ -171,10 +171,11 @@ func (c *writeCutter) stop(stop func() bool) {
 	if stop() {
 		return // cut never ran, and now never will
 	}
+	// The deadline cut set stays: it bounds the server's last flush of
+	// the response, after the handler; the server lifts it after that.
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.done = true
-	_ = http.NewResponseController(c.w).SetWriteDeadline(time.Time{})
 }
 
 // informationalFilter keeps from an HTTP/1.0 client the informational

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"os"
 	"sync"
@@ -105,8 +106,14 @@ func bodyTimedOut(r *http.Request, err error) bool {
 // returns. It is counted from the first byte, not from the request, so
 // that what comes before the response (a body that takes its time, a wait
 // for another request's claim, a slow store) does not cut the response of
-// an upstream call that ran. The deadline is lifted when the handler
-// returns, for the connection's next request.
+// an upstream call that ran.
+//
+// The deadline is not lifted when the handler returns: the server writes
+// the last bytes of the response (up to its 4 KiB buffer) after that, and
+// a client that stopped reading just then would hold that write, the
+// connection and its goroutine for good. The server lifts it itself once
+// the response is written, before the connection's next request
+// (TestFinalFlushBounded holds net/http to that).
 type budgetWriter struct {
 	http.ResponseWriter
 	budget time.Duration
@@ -120,11 +127,8 @@ func (b *budgetWriter) start() {
 	}
 }
 
-func (b *budgetWriter) done() {
-	if b.set {
-		_ = http.NewResponseController(b.ResponseWriter).SetWriteDeadline(time.Time{})
-	}
-}
+// testHookListener, when set (by tests), wraps the proxy's listener.
+var testHookListener func(net.Listener) net.Listener
 
 func (b *budgetWriter) WriteHeader(code int) {
 	b.start()
