@@ -20,7 +20,9 @@ const (
 	InFlight Outcome = "in_flight"
 	// Conflict: the key belongs to a different request; 422 (or 409) was sent.
 	Conflict Outcome = "conflict"
-	// Unavailable: the store failed before the handler ran; 503 was sent.
+	// Unavailable: the store failed before the handler ran, or the client
+	// went away while its claim was being made (Err: the context's error,
+	// see the package doc); 503 was sent and the handler did not run.
 	Unavailable Outcome = "unavailable"
 	// LeaseLost: the handler ran and its response was sent, but another
 	// holder took the key over; the response was not stored.

@@ -129,8 +129,8 @@ func keyState(t *testing.T, admin, key string) string {
 		return ""
 	case strings.Contains(r.body, `"PROCESSING"`):
 		return "PROCESSING"
-	case strings.Contains(r.body, `"COMPLETED"`):
-		return "COMPLETED"
+	case strings.Contains(r.body, `"DONE"`):
+		return "DONE"
 	}
 	t.Fatalf("GET /keys/%s = %d %q", key, r.status, r.body)
 	return ""
