@@ -86,9 +86,10 @@ func (s *Store) SchemaVersion(ctx context.Context) (current, latest int, err err
 // time): with ErrInvalidConfig when the schema was never migrated or is at
 // an older version (run Migrate first), or when a newer build migrated it
 // (run a build that knows its version); with ErrUnavailable when the
-// database cannot be asked (within OpTimeout). It changes nothing, and is
-// one query, so that a process finds a schema it cannot use at startup
-// rather than at its first request.
+// database cannot be asked (within OpTimeout). It changes nothing and
+// costs two short queries (the catalog, then the version table), so that a
+// process finds a schema it cannot use at startup rather than at its first
+// request.
 func (s *Store) CheckSchema(ctx context.Context) error {
 	current, latest, err := s.SchemaVersion(ctx)
 	switch {

@@ -99,9 +99,14 @@
 //   - maxmemory-policy must be noeviction. Every volatile-* policy evicts
 //     exactly these records, since all of them carry TTLs, and allkeys-*
 //     evicts them too: an evicted claim or result lets a retry run the
-//     operation a second time. With noeviction a full server refuses writes
-//     (OOM) and the store fails closed with ErrUnavailable. New reads the
-//     policy of each server (each master on Cluster, each shard on a Ring)
+//     operation a second time. With noeviction a full server refuses the
+//     writes that would grow it (OOM) and the store fails closed with
+//     ErrUnavailable: a new claim, a takeover and a renewal are refused,
+//     having written nothing. Redis judges a script by its first write, so
+//     Complete, Release and Delete, which begin by removing fields, still
+//     go through (work already done keeps its result), and so does a claim
+//     that replaces an ended record (TestFullServerFailsClosed). New reads
+//     the policy of each server (each master on Cluster, each shard on a Ring)
 //     with CONFIG GET and logs a warning on any other policy, or fails with
 //     ErrInvalidConfig when Options.RequireNoEviction is set; a server that
 //     does not answer, or where CONFIG is disabled (many managed services),

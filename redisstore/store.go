@@ -79,8 +79,10 @@ type Options struct {
 }
 
 // Store is an idempotency.Store on Redis. It is safe for concurrent use;
-// it starts no goroutine and holds nothing but the caller's client, which
-// the caller closes.
+// it holds nothing but the caller's client, which the caller closes, and
+// starts no goroutine that outlives a call, except that a call cut short
+// on a client without ContextTimeoutEnabled leaves one waiting until the
+// client's ReadTimeout (see the package documentation).
 type Store struct {
 	c          redis.UniversalClient
 	prefix     string
