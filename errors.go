@@ -23,7 +23,11 @@ var (
 	// ErrUnavailable means the store could not answer. Guard fails closed:
 	// when Begin fails, fn does not run. A write that failed with
 	// ErrUnavailable may or may not have been applied; callers must treat
-	// it as unknown (a retry is safe: it finds the claim or the result).
+	// it as unknown. After a failed Begin (Outcome Unavailable) a retry is
+	// safe: it finds the claim, in flight until its lease ends, or makes
+	// it. After a failed Complete (Outcome Executed with this error) fn has
+	// run and its result may be lost: a retry is in flight until the lease
+	// ends, and may then run fn again, which is what TokenFrom fences.
 	ErrUnavailable = errors.New("idempotency store unavailable")
 
 	// ErrLeaseLost is returned by a Store when Complete, Extend or Release is

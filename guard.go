@@ -233,7 +233,10 @@ type Result struct {
 // Replayed, or an error with InFlight, Conflicted or Unavailable, in which
 // cases fn did not run. A ctx that is done before fn starts (even while the
 // store grants the claim) gives Unavailable with ctx's error: fn does not
-// start, and a claim already made is released.
+// start, and a claim already made is released. So does a claim that Begin
+// answers too late to be of use, nine tenths of the lease or more after it
+// was sent (by then fn's ctx would have to end at once, and another holder
+// may take the key over): the error wraps ErrUnavailable.
 //
 // While fn runs the Guard renews the lease. If a renewal is rejected
 // (another holder took the key over), fn's ctx is cancelled, the result is
@@ -319,7 +322,7 @@ func (g *Guard) run(ctx context.Context, key, fingerprint string, fn func(contex
 			if g.Now != nil {
 				now = time.Now() // in process: as good as before the claim
 			}
-			return g.execute(ctx, cfg, key, res.Token, now, fn, res)
+			return g.execute(ctx, cfg, key, res.Token, now, false, fn, res)
 		case res.Outcome == Conflicted:
 			return ErrConflict
 		case res.Outcome == InFlight:
@@ -352,7 +355,7 @@ func (g *Guard) run(ctx context.Context, key, fingerprint string, fn func(contex
 			return ErrInFlight
 		}
 	}
-	return g.execute(ctx, cfg, key, rec.Token, sent, fn, res)
+	return g.execute(ctx, cfg, key, rec.Token, sent, true, fn, res)
 }
 
 // begin is Store.Begin for a Guard that may be a literal on a typed-nil
@@ -373,12 +376,25 @@ func (g *Guard) begin(ctx context.Context, key, fingerprint string, now time.Tim
 }
 
 // execute runs fn for the claim named by token, sent to the store at sent
-// by the local clock (time.Now), and answers into res.
-func (g *Guard) execute(ctx context.Context, cfg config, key string, token uint64, sent time.Time, fn func(context.Context) (Response, error), res *Result) error {
-	if err := ctx.Err(); err != nil {
+// by the local clock (time.Now), and answers into res. remote says that
+// sent was read before a Begin that may have taken a good part of the
+// lease to answer; otherwise it was read as the claim was made.
+func (g *Guard) execute(ctx context.Context, cfg config, key string, token uint64, sent time.Time, remote bool, fn func(context.Context) (Response, error), res *Result) error {
+	err := ctx.Err()
+	if err == nil && remote {
+		if d := time.Since(sent); d >= cfg.lease-cfg.lease/10 {
+			// Begin answered so late that fn's ctx would have to end at
+			// once (see leaseDeadline): the store may let, or may have let,
+			// another holder take the key over before fn could do anything.
+			// Fail closed, as if Begin had not answered.
+			err = fmt.Errorf("the claim was answered %v after it was sent, too late for a lease of %v", d, cfg.lease)
+		}
+	}
+	if err != nil {
 		// The caller went away while the claim was made (a shutdown, a
-		// client that hung up): fn has not started, so nothing happened,
-		// and the key is given back for the retry.
+		// client that hung up), or the claim came too late: fn has not
+		// started, so nothing happened, and the key is given back for the
+		// retry.
 		*res = Result{Outcome: Unavailable}
 		if rerr := g.Store.Release(context.WithoutCancel(ctx), key, token); rerr != nil {
 			return errors.Join(unavailable("begin", err), fmt.Errorf("idempotency: release: %w", rerr))
@@ -393,7 +409,7 @@ func (g *Guard) execute(ctx context.Context, cfg config, key string, token uint6
 	var r *renewer
 	if cfg.renewEvery > 0 || cfg.timeout > 0 {
 		// The renewer keeps its deadlines on the local clock.
-		r = startRenewer(g, cfg, c, key, sent)
+		r = startRenewer(g, cfg, c, key, sent, remote)
 	}
 	// Writes after fn must not be cut short by the caller going away: the
 	// side effect has happened and its result must be stored (or the key
@@ -750,7 +766,13 @@ func newRenewer(pooled bool) *renewer {
 // startRenewer starts renewing c's claim, and keeping Guard.Timeout; now is
 // the local clock's reading at the claim (time.Now). With renewal off
 // (cfg.renewEvery < 0) it keeps only the timeout.
-func startRenewer(g *Guard, cfg config, c *claimCtx, key string, now time.Time) *renewer {
+//
+// The first renewal is due RenewEvery after now. When now may be well in
+// the past (remote: read before a Begin that took its time to answer), the
+// timer is armed for what is left of that, and fires at once if nothing
+// is: armed for a whole RenewEvery from here, it would first look at the
+// lease after the store had let another holder take it over.
+func startRenewer(g *Guard, cfg config, c *claimCtx, key string, now time.Time, remote bool) *renewer {
 	var r *renewer
 	if now == now.Round(0) {
 		r = newRenewer(false) // inside a synctest bubble
@@ -761,11 +783,15 @@ func startRenewer(g *Guard, cfg config, c *claimCtx, key string, now time.Time) 
 	r.g, r.cfg, r.c, r.key = g, cfg, c, key
 	r.deadline = leaseDeadline(now, cfg.lease)
 	r.next = time.Time{}
+	wait := cfg.renewEvery
 	if cfg.renewEvery > 0 {
 		r.next = now.Add(cfg.renewEvery)
+		if remote {
+			wait = max(time.Until(r.next), 0)
+		}
 	}
 	r.stopAt = c.deadline
-	wait := r.due(cfg.renewEvery)
+	wait = r.due(wait)
 	r.mu.Unlock()
 	r.t.Reset(wait)
 	return r
