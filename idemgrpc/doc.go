@@ -102,7 +102,10 @@
 //     Options.OnStoreError only.
 //   - A key is malformed, or required but missing: InvalidArgument.
 //   - The caller's context ended before the key could be claimed:
-//     Canceled or DeadlineExceeded (see also The client goes away).
+//     Canceled or DeadlineExceeded, and the handler does not run; a claim
+//     the store granted meanwhile is given back (if that fails, the key
+//     stays blocked until its lease ends, and OnStoreError is not told).
+//     See also The client goes away.
 //   - The handler ran but its lease was taken over before its result was
 //     stored (ErrLeaseLost): its response is sent, and not stored. A
 //     handler that stopped because the Guard ended its context (the claim

@@ -98,7 +98,11 @@ type Options struct {
 	// the claim had been taken over or deleted. The errors of the renewals
 	// themselves go to the Guard's OnRenew, and a Release after a handler
 	// that panicked or called runtime.Goexit (with Internal in
-	// ReleaseCodes) is not reported. The client gets a fixed message, never
+	// ReleaseCodes) is not reported. Nor is a store failure of a call whose
+	// caller left (cancelled, or its deadline passed) while its key was
+	// claimed: it is answered Canceled or DeadlineExceeded, and a claim
+	// granted meanwhile that could not be given back blocks the key until
+	// its lease ends, unreported. The client gets a fixed message, never
 	// the error's text, which may name internal addresses; log it here.
 	OnStoreError func(ctx context.Context, fullMethod string, err error)
 	// Detach runs guarded handlers with a context that the client's

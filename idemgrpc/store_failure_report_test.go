@@ -17,7 +17,8 @@ import (
 )
 
 // TestEveryStoreFailureIsReported: whenever the store fails a call, before
-// or after its handler ran, Options.OnStoreError hears of it once, with an
+// or after its handler ran, Options.OnStoreError hears of it once (unless
+// the caller left while the key was claimed: TestCallerGoneDuringClaim), with an
 // error that names what failed and wraps the store's, and the client gets
 // the handler's own answer whenever the handler ran.
 func TestEveryStoreFailureIsReported(t *testing.T) {
