@@ -1,27 +1,16 @@
 package idemhttp
 
 import (
-	"context"
 	"io"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
+
+	"github.com/archlab/idempotency/internal/testenv"
 )
-
-// writeCounter counts the writes made on a connection.
-type writeCounter struct {
-	net.Conn
-	writes *atomic.Int64
-}
-
-func (c writeCounter) Write(p []byte) (int, error) {
-	c.writes.Add(1)
-	return c.Conn.Write(p)
-}
 
 // A handler that forwards the request gets a body that net/http's
 // Transport knows to be in memory, and its length, so that the request's
@@ -42,14 +31,7 @@ func TestProxiedBodyOneWrite(t *testing.T) {
 	}))
 	t.Cleanup(upstream.Close)
 	var writes atomic.Int64
-	var d net.Dialer
-	tr := &http.Transport{DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
-		c, err := d.DialContext(ctx, network, addr)
-		if err != nil {
-			return nil, err
-		}
-		return writeCounter{c, &writes}, nil
-	}}
+	tr := testenv.WriteCountingTransport(&writes)
 	t.Cleanup(tr.CloseIdleConnections)
 	f := newFixture(t, nil, nil, func(w http.ResponseWriter, r *http.Request) {
 		out, err := http.NewRequestWithContext(r.Context(), r.Method, upstream.URL, r.Body)

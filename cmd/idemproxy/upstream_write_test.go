@@ -1,10 +1,8 @@
 package main
 
 import (
-	"context"
 	"io"
 	"log/slog"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
@@ -15,18 +13,8 @@ import (
 
 	"github.com/archlab/idempotency"
 	"github.com/archlab/idempotency/idemhttp"
+	"github.com/archlab/idempotency/internal/testenv"
 )
-
-// countingConn counts the writes made on a connection to the upstream.
-type countingConn struct {
-	net.Conn
-	writes *atomic.Int64
-}
-
-func (c countingConn) Write(p []byte) (int, error) {
-	c.writes.Add(1)
-	return c.Conn.Write(p)
-}
 
 // A guarded request's body, read whole by the middleware, goes upstream in
 // one write with the request's head, with a Content-Length even when the
@@ -56,14 +44,7 @@ func TestGuardedBodyOneWriteUpstream(t *testing.T) {
 	t.Cleanup(up.Close)
 	u, _ := url.Parse(up.URL)
 	var writes atomic.Int64
-	var d net.Dialer
-	tr := &http.Transport{DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
-		c, err := d.DialContext(ctx, network, addr)
-		if err != nil {
-			return nil, err
-		}
-		return countingConn{c, &writes}, nil
-	}}
+	tr := testenv.WriteCountingTransport(&writes)
 	t.Cleanup(tr.CloseIdleConnections)
 	guard, err := idempotency.NewGuard(idempotency.NewMemoryStore(), nil)
 	if err != nil {
