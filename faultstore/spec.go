@@ -12,7 +12,8 @@ import (
 )
 
 // Spec is a parsed fault specification, a compact way to describe an
-// Injector on a command line (idemcheck -faults=...). Its syntax:
+// Injector as text, in a flag or a test table (no command of this module
+// takes one today). Its syntax:
 //
 //	spec   = "" | rule { "," rule }
 //	rule   = ops ":" faults [ ":" prob ]

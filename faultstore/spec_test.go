@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"reflect"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -94,6 +95,10 @@ func FuzzParse(f *testing.F) {
 		}
 		if again.String() != canon {
 			t.Fatalf("canonical form not stable: %q -> %q -> %q", s, canon, again.String())
+		}
+		// The documented promise is an equal Spec, not just an equal text.
+		if !reflect.DeepEqual(again, spec) {
+			t.Fatalf("Parse(%q) = %+v, but Parse of its String %q = %+v", s, spec, canon, again)
 		}
 		for _, r := range spec.Rules {
 			if r.P < 0 || r.P > 1 || len(r.Faults) == 0 {

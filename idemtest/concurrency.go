@@ -35,6 +35,7 @@ func (e *env) raceAt(key string, now time.Time, fp func(i int) string) []beginRe
 		done.Add(1)
 		go func() {
 			defer done.Done()
+			defer panicked(func(err error) { out[i] = beginResult{err: err} })
 			start.Wait()
 			rec, ok, err := e.s.Begin(e.ctx, key, fp(i), now, lease, retention)
 			out[i] = beginResult{rec, ok, err}
@@ -53,23 +54,40 @@ func (e *env) raceAt(key string, now time.Time, fp func(i int) string) []beginRe
 // together runs f and g at once, released together. Go's scheduler tends
 // to run the goroutine started last first; swap says which that is, so
 // that a clause alternating it sees both orders, and with them the window
-// between a store's check and its write.
-func together(swap bool, f, g func()) {
+// between a store's check and its write. A panic in either (the store's)
+// fails the clause once both are done.
+func (e *env) together(swap bool, f, g func()) {
+	e.t.Helper()
 	if swap {
 		f, g = g, f
 	}
 	var start, done sync.WaitGroup
+	errs := make([]error, 2)
 	start.Add(1)
-	for _, fn := range []func(){f, g} {
+	for i, fn := range []func(){f, g} {
 		done.Add(1)
 		go func() {
 			defer done.Done()
+			defer panicked(func(err error) { errs[i] = err })
 			start.Wait()
 			fn()
 		}()
 	}
 	start.Done()
 	done.Wait()
+	if err := errors.Join(errs...); err != nil {
+		e.fatalf("a store call made at the same time as another: %v", err)
+	}
+}
+
+// panicked, deferred in a goroutine a clause starts, hands report a panic
+// of the store as an error, so that the clause fails (and Clause.Check
+// reports it) rather than the process ending: only the clause's own
+// goroutine is recovered by Check.
+func panicked(report func(error)) {
+	if r := recover(); r != nil {
+		report(fmt.Errorf("panic: %v", r))
+	}
 }
 
 // oneWinner checks the results of racers Begins with fingerprint "fp" of
@@ -162,7 +180,7 @@ var concurrencyClauses = []clause{
 			extend := round%2 == 1
 			var holderErr error
 			var taker beginResult
-			together(round/2%2 == 1, func() {
+			e.together(round/2%2 == 1, func() {
 				if extend {
 					holderErr = e.s.Extend(e.ctx, k, first.Token, now, lease)
 				} else {
@@ -209,7 +227,7 @@ var concurrencyClauses = []clause{
 			now := e.at(lease)
 			var releaseErr error
 			var taker beginResult
-			together(round%2 == 1, func() {
+			e.together(round%2 == 1, func() {
 				releaseErr = e.s.Release(e.ctx, k, first.Token)
 			}, func() {
 				rec, ok, err := e.s.Begin(e.ctx, k, "fp", now, lease, retention)
@@ -244,7 +262,7 @@ var concurrencyClauses = []clause{
 			now := e.at(1)
 			extend := round%2 == 1
 			var holderErr, deleteErr error
-			together(round/2%2 == 1, func() {
+			e.together(round/2%2 == 1, func() {
 				if extend {
 					holderErr = e.s.Extend(e.ctx, k, first.Token, now, lease)
 				} else {
@@ -279,6 +297,7 @@ var concurrencyClauses = []clause{
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
+				defer panicked(func(err error) { errs[i] = err })
 				rec, ok, err := e.s.Begin(e.ctx, k, "fp", e.at(0), lease, retention)
 				switch {
 				case err != nil:

@@ -290,7 +290,9 @@ func (s *refStore) Complete(ctx context.Context, key string, token uint64, resp 
 	}
 	r.rec.State = idempotency.Done
 	r.rec.Response = cloneResponse(resp)
-	r.rec.LeaseUntil = time.Time{}
+	if s.bug != "done-keeps-lease" {
+		r.rec.LeaseUntil = time.Time{}
+	}
 	switch s.bug {
 	case "complete-begin-retention":
 		r.rec.ExpiresAt = now.Add(r.retention)

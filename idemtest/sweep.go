@@ -148,6 +148,7 @@ func tokensInClaimOrder(e *env) {
 		sweeps.Add(1)
 		go func() {
 			defer sweeps.Done()
+			defer panicked(fail)
 			for !stop.Load() {
 				if _, err := sw.Sweep(e.ctx, now, 0); err != nil {
 					fail(fmt.Errorf("Sweep: %w", err))
@@ -161,6 +162,7 @@ func tokensInClaimOrder(e *env) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
+			defer panicked(fail)
 			for i := range churnBegins {
 				rec, ok, err := e.s.Begin(e.ctx, k, "fp", now, lease, retention)
 				if err != nil {

@@ -69,7 +69,10 @@ func (e *env) wantUnavailable(op unavailableOp) {
 	key := e.key("broken")
 	start := time.Now()
 	res := make(chan error, 1)
-	go func() { res <- op.call(e.ctx, e.s, key, e.t0) }()
+	go func() {
+		defer panicked(func(err error) { res <- err })
+		res <- op.call(e.ctx, e.s, key, e.t0)
+	}()
 	select {
 	case err := <-res:
 		e.t.Logf("%s failed after %v: %v", e.clause, time.Since(start), err)

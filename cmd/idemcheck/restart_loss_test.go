@@ -20,4 +20,9 @@ func TestStoreLosingResultsOnRestart(t *testing.T) {
 	if !regexp.MustCompile(`(?m)^` + regexp.QuoteMeta(demo.CheckReplay) + `\s+FAILED`).MatchString(out) {
 		t.Errorf("%q did not fail:\n%s", demo.CheckReplay, out)
 	}
+	// What the README says of this run: the ledger's fence keeps the
+	// charge single all the same.
+	if !regexp.MustCompile(`(?m)^` + regexp.QuoteMeta(demo.CheckCharged) + `\s+ok\s`).MatchString(out) {
+		t.Errorf("%q did not hold:\n%s", demo.CheckCharged, out)
+	}
 }
