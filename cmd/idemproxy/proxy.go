@@ -94,6 +94,7 @@ func newReverseProxy(up *url.URL, timeout time.Duration, log *slog.Logger, trans
 				ctx, cancel := context.WithCancelCause(r.Context())
 				defer cancel(nil)
 				hs := time.AfterFunc(timeout, func() { cancel(errHandshakeTimeout) })
+				defer hs.Stop()
 				r = r.WithContext(context.WithValue(ctx, handshakeKey{}, hs))
 			} else {
 				ctx, cancel := context.WithTimeout(r.Context(), timeout)
