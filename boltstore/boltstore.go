@@ -569,7 +569,7 @@ func (b buckets) sweep(now int64, limit int) (int, bool, error) {
 
 // Begin implements idempotency.Store.
 func (s *Store) Begin(ctx context.Context, key, fingerprint string, now time.Time, lease, retention time.Duration) (idempotency.Record, bool, error) {
-	if err := checkKey("begin", key); err != nil {
+	if err := s.checkKey("begin", key); err != nil {
 		return idempotency.Record{}, false, err
 	}
 	n := unixNano(now)
@@ -765,7 +765,7 @@ func (s *Store) Release(ctx context.Context, key string, token uint64) error {
 // nothing. Like every write function it may run more than once, so the
 // verdict is reset at the top.
 func (s *Store) writeClaim(ctx context.Context, op, key string, token uint64, change func(b buckets, cur rec) error) error {
-	if err := checkKey(op, key); err != nil {
+	if err := s.checkKey(op, key); err != nil {
 		return err
 	}
 	var lost bool
@@ -793,7 +793,7 @@ func (s *Store) writeClaim(ctx context.Context, op, key string, token uint64, ch
 // Delete implements idempotency.Store. It removes a record even if it cannot
 // be decoded; the index entry it leaves is dropped by the sweep.
 func (s *Store) Delete(ctx context.Context, key string) error {
-	if err := checkKey("delete", key); err != nil {
+	if err := s.checkKey("delete", key); err != nil {
 		return err
 	}
 	return s.write(ctx, "delete", func(b buckets) error {
@@ -818,8 +818,11 @@ func (s *Store) Get(ctx context.Context, key string, now time.Time) (idempotency
 	if s.closed.Load() {
 		return idempotency.Record{}, fmt.Errorf("boltstore: get: %w: %w", idempotency.ErrUnavailable, errClosed)
 	}
+	if ferr := s.failure(); ferr != nil {
+		return idempotency.Record{}, fmt.Errorf("boltstore: get: %w: %w", idempotency.ErrUnavailable, ferr)
+	}
 	if len(key) > maxKeyLen {
-		return idempotency.Record{}, fmt.Errorf("boltstore: get %q: %w", key, idempotency.ErrNotFound)
+		return idempotency.Record{}, fmt.Errorf("boltstore: get: key of %d bytes: %w", len(key), idempotency.ErrNotFound)
 	}
 	cur, found, err := s.read(ctx, key, nil)
 	if err != nil {
@@ -864,7 +867,15 @@ func (s *Store) Sweep(ctx context.Context, now time.Time, limit int) (int, error
 	return total, nil
 }
 
-func checkKey(op, key string) error {
+// checkKey refuses a key longer than the limit, after what every call
+// says first: that the Store is closed, or failed closed.
+func (s *Store) checkKey(op, key string) error {
+	if s.closed.Load() {
+		return fmt.Errorf("boltstore: %s: %w: %w", op, idempotency.ErrUnavailable, errClosed)
+	}
+	if ferr := s.failure(); ferr != nil {
+		return fmt.Errorf("boltstore: %s: %w: %w", op, idempotency.ErrUnavailable, ferr)
+	}
 	if len(key) > maxKeyLen {
 		return fmt.Errorf("boltstore: %s: %w: %w (key of %d bytes, limit %d)",
 			op, idempotency.ErrUnavailable, bolt.ErrKeyTooLarge, len(key), maxKeyLen)
@@ -945,7 +956,7 @@ func (s *Store) write(ctx context.Context, name string, fn func(buckets) error) 
 	case <-o.done:
 	case <-ctx.Done():
 		// The write may be in the transaction being committed.
-		return fmt.Errorf("boltstore: %s: %w: %w", name, idempotency.ErrUnavailable, ctx.Err())
+		return fmt.Errorf("boltstore: %s: %w: %w", name, idempotency.ErrUnavailable, ctxErr(ctx))
 	case <-s.loopDone:
 		// The committer stopped: it closes done for every write it took
 		// (and for those left queued), so one not done was never applied.
@@ -961,9 +972,19 @@ func (s *Store) write(ctx context.Context, name string, fn func(buckets) error) 
 	if o.skipped {
 		// done and ctx.Done were both ready and select took done: the
 		// write was skipped, not applied.
-		return fmt.Errorf("boltstore: %s: %w: %w", name, idempotency.ErrUnavailable, context.Cause(ctx))
+		return fmt.Errorf("boltstore: %s: %w: %w", name, idempotency.ErrUnavailable, ctxErr(ctx))
 	}
 	return nil
+}
+
+// ctxErr is ctx.Err(), which the package doc promises a write whose ctx
+// ended wraps, and the ctx's cause when it has one of its own.
+func ctxErr(ctx context.Context) error {
+	err := ctx.Err()
+	if cause := context.Cause(ctx); cause != nil && cause != err {
+		return fmt.Errorf("%w: %w", err, cause)
+	}
+	return err
 }
 
 // loop is the committer: it takes the writes that are waiting, applies them

@@ -26,6 +26,15 @@ func TestMain(m *testing.M) {
 		}
 		os.Exit(0)
 	}
+	if path := os.Getenv(lifecycleChildVar); path != "" {
+		// A child of TestCrashKeepsExtendReleaseDelete: Extend, Release
+		// and Delete until killed.
+		if err := lifecycleChild(path); err != nil {
+			fmt.Fprintln(os.Stderr, "lifecycle child:", err)
+			os.Exit(2)
+		}
+		os.Exit(0)
+	}
 	if path := os.Getenv(searchOnlyChildVar); path != "" {
 		// A child of TestOpenInSearchOnlyDir, run as nobody.
 		if err := searchOnlyChild(path); err != nil {

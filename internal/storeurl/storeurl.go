@@ -17,12 +17,13 @@
 //
 // The hosts of a sentinel URL are the sentinels' (port 26379 when left
 // out); the path names the master as the sentinels monitor it (sentinel
-// monitor NAME ...), which is required and cannot be all digits (/0 alone
-// is refused as a database number without a master name), and then the
-// database (default 0). The user info is the master's and its replicas'
-// user, as in the other forms; sentinels that ask for a password of their
-// own get it from sentinel_password= (and sentinel_username= for an ACL
-// user). go-redis's master_name=, addr=, db=, username= and password= are
+// monitor NAME ...), which is required, and then the database (default 0).
+// A path of one all-digit segment (/0) is refused as a database number
+// without a master name; a master whose name is all digits is written
+// with its database (/007/0). The user info is the master's and its
+// replicas' user, as in the other forms; sentinels that ask for a
+// password of their own get it from sentinel_password= (and
+// sentinel_username= for an ACL user). go-redis's master_name=, addr=, db=, username= and password= are
 // refused (the URL's parts say these), and so are its options that route
 // commands to replicas (replica_only=, route_by_latency=, route_randomly=):
 // the store writes. go-redis's other options (dial_timeout=,
@@ -51,8 +52,8 @@
 //	                     or one that does not parse is refused.
 //	skip_verify=true     verify no certificate at all (go-redis's option, for
 //	                     tests only: anyone on the path can read and change
-//	                     the traffic); true, false, 1 or 0; refused together
-//	                     with tls_ca_file
+//	                     the traffic); true, false, 1 or 0; true (or 1) is
+//	                     refused together with tls_ca_file
 //
 // Both ask for TLS 1.2 at least.
 //
@@ -135,8 +136,12 @@ var ErrUnknownScheme = errors.New("storeurl: unknown store URL scheme")
 // Open opens the store named by rawURL. The io.Closer releases what Open
 // acquired (a file, a connection pool); close it after the last use of the
 // store. A configuration error wraps idempotency.ErrInvalidConfig (or
-// ErrUnknownScheme); a store that cannot be reached while opening wraps
-// idempotency.ErrUnavailable.
+// ErrUnknownScheme); a bolt file that cannot be opened (locked, a missing
+// directory) and a postgres server that cannot be reached wrap
+// idempotency.ErrUnavailable. The redis forms do not fail for a server
+// that does not answer: Open asks it for its maxmemory-policy, warns
+// through Options.Logger when it cannot, and returns the store, each call
+// of which fails with ErrUnavailable until the server answers.
 func Open(ctx context.Context, rawURL string, opts Options) (idempotency.Store, io.Closer, error) {
 	open, err := parse(rawURL)
 	if err != nil {
