@@ -129,6 +129,9 @@ func newLogger(cfg *config, w io.Writer) *slog.Logger {
 	return slog.New(slog.NewTextHandler(w, opts))
 }
 
+// testHookListener, when set (by tests), wraps the proxy's listener.
+var testHookListener func(net.Listener) net.Listener
+
 func serve(ctx context.Context, cfg *config, log *slog.Logger) error {
 	redis.SetLogger(redisLog{log})
 	openCtx, cancel := context.WithTimeout(ctx, 30*time.Second)

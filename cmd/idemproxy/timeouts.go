@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"sync"
@@ -126,9 +125,6 @@ func (b *budgetWriter) start() {
 		_ = http.NewResponseController(b.ResponseWriter).SetWriteDeadline(time.Now().Add(b.budget))
 	}
 }
-
-// testHookListener, when set (by tests), wraps the proxy's listener.
-var testHookListener func(net.Listener) net.Listener
 
 func (b *budgetWriter) WriteHeader(code int) {
 	b.start()
