@@ -104,7 +104,7 @@
 //   - The caller's context ended before the key could be claimed:
 //     Canceled or DeadlineExceeded, and the handler does not run; a claim
 //     the store granted meanwhile is given back (if that fails, the key
-//     stays blocked until its lease ends, and OnStoreError is not told).
+//     stays blocked until its lease ends, and OnStoreError is told).
 //     See also The client goes away.
 //   - The handler ran but its lease was taken over before its result was
 //     stored (ErrLeaseLost): its response is sent, and not stored. A

@@ -98,11 +98,11 @@ type Options struct {
 	// the claim had been taken over or deleted. The errors of the renewals
 	// themselves go to the Guard's OnRenew, and a Release after a handler
 	// that panicked or called runtime.Goexit (with Internal in
-	// ReleaseCodes) is not reported. Nor is a store failure of a call whose
-	// caller left (cancelled, or its deadline passed) while its key was
-	// claimed: it is answered Canceled or DeadlineExceeded, and a claim
-	// granted meanwhile that could not be given back blocks the key until
-	// its lease ends, unreported. The client gets a fixed message, never
+	// ReleaseCodes) is not reported. A call whose caller left (cancelled,
+	// or its deadline passed) while its key was claimed is answered
+	// Canceled or DeadlineExceeded; a claim granted meanwhile is given back,
+	// and if that fails (the key then stays blocked until its lease ends)
+	// it is reported as a failed release. The client gets a fixed message, never
 	// the error's text, which may name internal addresses; log it here.
 	OnStoreError func(ctx context.Context, fullMethod string, err error)
 	// Detach runs guarded handlers with a context that the client's
@@ -260,6 +260,18 @@ func (s *server) intercept(ctx context.Context, req any, info *grpc.UnaryServerI
 		return nil, st.Err()
 	default:
 		if cerr := gctx.Err(); cerr != nil {
+			// The caller left while the key was claimed. The Guard gave a
+			// claim granted meanwhile back, and joins the Release's error
+			// to its own (ErrUnavailable and the caller's) when that
+			// failed: the key then stays blocked until its lease ends,
+			// which is the store's failure.
+			if j, ok := err.(interface{ Unwrap() []error }); ok && s.opts.OnStoreError != nil {
+				for _, e := range j.Unwrap() {
+					if e != idempotency.ErrUnavailable && !errors.Is(e, cerr) {
+						s.opts.OnStoreError(ctx, method, fmt.Errorf("idemgrpc: could not release the key: %w", e))
+					}
+				}
+			}
 			return nil, status.FromContextError(cerr).Err()
 		}
 		if s.opts.OnStoreError != nil {
