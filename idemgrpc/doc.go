@@ -30,10 +30,13 @@
 // certificate, its issuer included (DefaultScope), so that one caller's
 // stored response is never replayed to another. Put authentication before this
 // interceptor in the chain: a replay, an in-flight or a conflict answer
-// does not reach what comes after it. (Builds before DefaultScope read the
-// certificate kept such callers' keys bare, and builds before it read the
-// certificate's issuer scoped them without it: a retry whose first attempt
-// reached either runs again on a newer build.)
+// does not reach what comes after it. (Builds before the default scope,
+// from before 2026-12-03 01:20 UTC, kept every caller's keys bare unless
+// Scope was set; builds before DefaultScope read the certificate kept
+// certificate callers' keys bare, and builds before it read the
+// certificate's issuer scoped them without it. A retry whose first attempt
+// reached any of them runs again on a newer build, in either direction
+// during a rolling deploy.)
 //
 // The fingerprint is the SHA-256 of the full method name and the
 // deterministic protobuf encoding of the request

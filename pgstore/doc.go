@@ -10,7 +10,8 @@
 // at startup or at deploy time; New itself does not touch the database.
 // Migrate fails with idempotency.ErrInvalidConfig, changing nothing, on a
 // schema that a newer build migrated further than it knows (so an old
-// binary that runs Migrate at startup stops instead of misreading it), and
+// binary that runs Migrate at startup stops instead of misreading it;
+// builds before this check, from before 2026-12-03 08:56 UTC, go on), and
 // when a name it would create is taken, by another store in the schema
 // whose Table is one of its derived names or by the application. A
 // process that leaves migrating to deploy time calls Store.CheckSchema at
