@@ -1,24 +1,15 @@
 package boltstore
 
 import (
-	"context"
 	"errors"
 	"os"
 	"path/filepath"
 	"testing"
 	"time"
 
-	"github.com/google/go-cmp/cmp"
-
 	"github.com/archlab/idempotency"
+	"github.com/archlab/idempotency/internal/upgradetest"
 )
-
-// upgradeResp is the response testdata/upgrade/gen.go stored under "done".
-var upgradeResp = idempotency.Response{
-	Status: 201,
-	Header: map[string][]string{"Content-Type": {"application/json"}, "X-Multi": {"a", "b"}, "X-Empty": {""}, "X-Bin": {"\x00\xff"}},
-	Body:   []byte("{\"id\":42}\x00\xff"),
-}
 
 // TestUpgradeFromOlderBuild opens a file written by an older build
 // (testdata/upgrade/gen.go, run at commit 10b0c63 with t0 as its clock):
@@ -47,62 +38,9 @@ func TestUpgradeFromOlderBuild(t *testing.T) {
 	// The tokens the older build gave, in the order gen.go claimed.
 	old := map[string]uint64{"done": 1, "zero": 2, "inflight": 3, "abandoned": 4, "released": 5, "deleted": 6, "short": 7}
 	now := t0.Add(10 * time.Minute)
-	g, err := idempotency.NewGuard(s, &idempotency.Options{Now: func() time.Time { return now }})
-	if err != nil {
-		t.Fatal(err)
-	}
+	upgradetest.Check(t, s, now, old)
 
-	rec, err := s.Get(ctx, "done", now)
-	if err != nil || rec.State != idempotency.Done || rec.Fingerprint != "fp-done" || rec.Token != old["done"] {
-		t.Fatalf("Get(done) = %+v, %v; want the older build's done record", rec, err)
-	}
-	if diff := cmp.Diff(upgradeResp, rec.Response); diff != "" {
-		t.Errorf("Get(done) response (-stored +read):\n%s", diff)
-	}
-
-	ran := 0
-	fn := func(ctx context.Context) (idempotency.Response, error) {
-		ran++
-		return idempotency.Response{Status: 299}, nil
-	}
-	resp, oc, err := g.Do(ctx, "done", "fp-done", fn)
-	if oc != idempotency.Replayed || err != nil || ran != 0 {
-		t.Fatalf("Do(done) = %v, %v, ran %d times; want a replay", oc, err, ran)
-	}
-	if diff := cmp.Diff(upgradeResp, resp); diff != "" {
-		t.Errorf("Do(done) replay (-stored +replayed):\n%s", diff)
-	}
-	if _, oc, err := g.Do(ctx, "done", "fp-other", fn); oc != idempotency.Conflicted || !errors.Is(err, idempotency.ErrConflict) || ran != 0 {
-		t.Errorf("Do(done, other fingerprint) = %v, %v, ran %d times; want a conflict", oc, err, ran)
-	}
-	resp, oc, err = g.Do(ctx, "zero", "fp-zero", fn)
-	if oc != idempotency.Replayed || err != nil || ran != 0 {
-		t.Errorf("Do(zero) = %v, %v, ran %d times; want a replay", oc, err, ran)
-	}
-	if diff := cmp.Diff(idempotency.Response{}, resp); diff != "" {
-		t.Errorf("Do(zero) replay (-stored +replayed):\n%s", diff)
-	}
-	if _, oc, err := g.Do(ctx, "inflight", "fp-inflight", fn); oc != idempotency.InFlight || !errors.Is(err, idempotency.ErrInFlight) || ran != 0 {
-		t.Errorf("Do(inflight) = %v, %v, ran %d times; want in flight", oc, err, ran)
-	}
-	// A claim whose lease ran out, a released key and a deleted one run
-	// again, each with a token above the older build's.
-	for _, key := range []string{"abandoned", "released", "deleted"} {
-		var tok uint64
-		ran = 0
-		_, oc, err := g.Do(ctx, key, "fp-"+key, func(ctx context.Context) (idempotency.Response, error) {
-			tok, _ = idempotency.TokenFrom(ctx)
-			return fn(ctx)
-		})
-		if oc != idempotency.Executed || err != nil || ran != 1 || tok <= old[key] {
-			t.Errorf("Do(%s) = %v, %v, ran %d times with token %d; want one run with a token above %d", key, oc, err, ran, tok, old[key])
-		}
-	}
-
-	// "short" ended its window 5 minutes after t0: gone, and swept.
-	if _, err := s.Get(ctx, "short", now); !errors.Is(err, idempotency.ErrNotFound) {
-		t.Errorf("Get(short) after its window: %v; want ErrNotFound", err)
-	}
+	// "short" is swept.
 	if _, err := s.Sweep(ctx, now, 0); err != nil {
 		t.Fatalf("Sweep: %v", err)
 	}

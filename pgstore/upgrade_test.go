@@ -9,11 +9,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/google/go-cmp/cmp"
-	"github.com/google/go-cmp/cmp/cmpopts"
 	"github.com/jackc/pgx/v5"
 
 	"github.com/archlab/idempotency"
+	"github.com/archlab/idempotency/internal/upgradetest"
 )
 
 // TestUpgradeFromOlderBuild loads the rows an older build wrote
@@ -63,15 +62,6 @@ func TestUpgradeFromOlderBuild(t *testing.T) {
 	}
 	t0 := time.Date(2026, 12, 2, 12, 0, 0, 0, time.UTC)
 	now := t0.Add(10 * time.Minute)
-	g, err := idempotency.NewGuard(s, &idempotency.Options{Now: func() time.Time { return now }})
-	if err != nil {
-		t.Fatal(err)
-	}
-	stored := idempotency.Response{
-		Status: 201,
-		Header: map[string][]string{"Content-Type": {"application/json"}, "X-Multi": {"a", "b"}, "X-Empty": {""}, "X-Bin": {"\x00\xff"}},
-		Body:   []byte("{\"id\":42}\x00\xff"),
-	}
 	rows := func() int {
 		t.Helper()
 		var n int
@@ -81,56 +71,8 @@ func TestUpgradeFromOlderBuild(t *testing.T) {
 		return n
 	}
 
-	rec, err := s.Get(ctx, "done", now)
-	if err != nil || rec.State != idempotency.Done || rec.Fingerprint != "fp-done" || rec.Token != old["done"] {
-		t.Fatalf("Get(done) = %+v, %v; want the older build's done record", rec, err)
-	}
-	if diff := cmp.Diff(stored, rec.Response); diff != "" {
-		t.Errorf("Get(done) response (-stored +read):\n%s", diff)
-	}
+	upgradetest.Check(t, s, now, old)
 
-	ran := 0
-	fn := func(ctx context.Context) (idempotency.Response, error) {
-		ran++
-		return idempotency.Response{Status: 299}, nil
-	}
-	resp, oc, err := g.Do(ctx, "done", "fp-done", fn)
-	if oc != idempotency.Replayed || err != nil || ran != 0 {
-		t.Fatalf("Do(done) = %v, %v, ran %d times; want a replay", oc, err, ran)
-	}
-	if diff := cmp.Diff(stored, resp); diff != "" {
-		t.Errorf("Do(done) replay (-stored +replayed):\n%s", diff)
-	}
-	if _, oc, err := g.Do(ctx, "done", "fp-other", fn); oc != idempotency.Conflicted || !errors.Is(err, idempotency.ErrConflict) || ran != 0 {
-		t.Errorf("Do(done, other fingerprint) = %v, %v, ran %d times; want a conflict", oc, err, ran)
-	}
-	resp, oc, err = g.Do(ctx, "zero", "fp-zero", fn)
-	if oc != idempotency.Replayed || err != nil || ran != 0 {
-		t.Errorf("Do(zero) = %v, %v, ran %d times; want a replay", oc, err, ran)
-	}
-	if diff := cmp.Diff(idempotency.Response{}, resp, cmpopts.EquateEmpty()); diff != "" {
-		t.Errorf("Do(zero) replay (-stored +replayed):\n%s", diff)
-	}
-	if _, oc, err := g.Do(ctx, "inflight", "fp-inflight", fn); oc != idempotency.InFlight || !errors.Is(err, idempotency.ErrInFlight) || ran != 0 {
-		t.Errorf("Do(inflight) = %v, %v, ran %d times; want in flight", oc, err, ran)
-	}
-	// The older build's tombstones are a released and a deleted key: gone
-	// for Get, and claimed again with a larger token.
-	for _, key := range []string{"abandoned", "released", "deleted"} {
-		var tok uint64
-		ran = 0
-		_, oc, err := g.Do(ctx, key, "fp-"+key, func(ctx context.Context) (idempotency.Response, error) {
-			tok, _ = idempotency.TokenFrom(ctx)
-			return fn(ctx)
-		})
-		if oc != idempotency.Executed || err != nil || ran != 1 || tok <= old[key] {
-			t.Errorf("Do(%s) = %v, %v, ran %d times with token %d; want one run with a token above %d", key, oc, err, ran, tok, old[key])
-		}
-	}
-
-	if _, err := s.Get(ctx, "short", now); !errors.Is(err, idempotency.ErrNotFound) {
-		t.Errorf("Get(short) after its window: %v; want ErrNotFound", err)
-	}
 	if n, err := s.Sweep(ctx, now, 0); err != nil || n != 1 {
 		t.Errorf("Sweep = %d, %v; want the one record past its window (short)", n, err)
 	}
