@@ -9,6 +9,7 @@ import (
 	"net/http/httptest"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -228,4 +229,61 @@ func BenchmarkFingerprint(b *testing.B) {
 			}
 		})
 	}
+}
+
+// BenchmarkFloor measures the least work any middleware meeting the issue's
+// rules must do per request, with nothing of this package in it: SHA-256
+// over the request's canonical parts (method, path, query, Content-Type,
+// body), then, for a new key, a record added to and found again in a map
+// under a lock (the claim and the result), and for a replay one lookup. No
+// clock read, no allocation, no response capture, no lease: a real store
+// does more. Set against BenchmarkBare, it shows which of the ratios
+// a middleware on this machine can reach at all (BENCHMARKS.md).
+func BenchmarkFloor(b *testing.B) {
+	keys := make([]string, 0, benchRound)
+	for i := range cap(keys) {
+		keys = append(keys, "\x00key-"+strconv.Itoa(i))
+	}
+	in := make([]byte, 0, 256)
+	input := func() [sha256.Size]byte {
+		in = append(in[:0], http.MethodPost...)
+		in = append(in, "/orders\x00expand=customer\x00application/json\x00"...)
+		in = append(in, benchBody...)
+		return sha256.Sum256(in)
+	}
+	b.Run("newkey", func(b *testing.B) {
+		var mu sync.Mutex
+		recs := make(map[string][sha256.Size]byte, benchRound)
+		b.ReportAllocs()
+		i := 0
+		for b.Loop() {
+			fp := input()
+			k := keys[i%len(keys)]
+			mu.Lock()
+			delete(recs, k) // the key's record from a round ago has expired
+			recs[k] = fp
+			mu.Unlock()
+			mu.Lock()
+			got, ok := recs[k]
+			mu.Unlock()
+			if !ok || got != fp {
+				b.Fatal("lost")
+			}
+			i++
+		}
+	})
+	b.Run("replay", func(b *testing.B) {
+		var mu sync.Mutex
+		recs := map[string][sha256.Size]byte{keys[0]: input()}
+		b.ReportAllocs()
+		for b.Loop() {
+			fp := input()
+			mu.Lock()
+			got, ok := recs[keys[0]]
+			mu.Unlock()
+			if !ok || got != fp {
+				b.Fatal("conflict")
+			}
+		}
+	})
 }
