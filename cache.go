@@ -115,10 +115,14 @@ func (e *cacheEntry) over(now time.Time) bool {
 	return !now.Before(e.until) || !now.Before(e.fresh)
 }
 
-// NewReplayCache returns a ReplayCache in front of store.
+// NewReplayCache returns a ReplayCache in front of store. A nil store, or a
+// nil pointer of a store's type, is refused with ErrInvalidConfig.
 func NewReplayCache(store Store, opts *CacheOptions) (*ReplayCache, error) {
 	if store == nil {
 		return nil, fmt.Errorf("%w: replay cache: nil store", ErrInvalidConfig)
+	}
+	if checkStore(store) != nil {
+		return nil, fmt.Errorf("%w: replay cache: the store is a nil %T (was the error of its constructor ignored?)", ErrInvalidConfig, store)
 	}
 	if opts == nil {
 		opts = &CacheOptions{}

@@ -263,10 +263,11 @@ func TestReplayCacheRejectsBadOptions(t *testing.T) {
 		store idempotency.Store
 		opts  *idempotency.CacheOptions
 	}{
-		"nil store":      {nil, nil},
-		"negative TTL":   {idempotency.NewMemoryStore(), &idempotency.CacheOptions{TTL: -1}},
-		"negative bytes": {idempotency.NewMemoryStore(), &idempotency.CacheOptions{MaxBytes: -1}},
-		"too small":      {idempotency.NewMemoryStore(), &idempotency.CacheOptions{MaxBytes: 1000}},
+		"nil store":       {nil, nil},
+		"typed-nil store": {(*idempotency.MemoryStore)(nil), nil},
+		"negative TTL":    {idempotency.NewMemoryStore(), &idempotency.CacheOptions{TTL: -1}},
+		"negative bytes":  {idempotency.NewMemoryStore(), &idempotency.CacheOptions{MaxBytes: -1}},
+		"too small":       {idempotency.NewMemoryStore(), &idempotency.CacheOptions{MaxBytes: 1000}},
 	} {
 		if _, err := idempotency.NewReplayCache(tc.store, tc.opts); !errors.Is(err, idempotency.ErrInvalidConfig) {
 			t.Errorf("%s: err = %v, want ErrInvalidConfig", name, err)
