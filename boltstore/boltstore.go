@@ -44,6 +44,20 @@
 // before the kill is there, and tokens go on from above every token handed
 // out, since they come from a sequence committed with the claims.
 //
+// A damaged file. bbolt trusts its file and, given one cut short or
+// overwritten, can kill the process inside its Open (a fault on a page
+// past the end of the file). So Open first reads the file as bbolt would
+// open it (its meta pages, freelist and the pages of every bucket) and
+// refuses one that is not a whole bbolt database (truncated, a creation
+// by an older build killed half way, zeros, random bytes, another kind of
+// file) with an error naming the path and wrapping ErrUnavailable and
+// ErrDamagedFile. It changes nothing in such a file: move it aside (or
+// restore it from a backup) and open again. An empty file is made a new
+// database, as bbolt always did. Open creates a new file whole under a
+// temporary name (.NAME.creating-DIGITS) and links it into place; the
+// temporary files of creations killed before their end are removed by a
+// later Open of the same path.
+//
 // Errors. Engine failures (a closed store or DB, I/O errors, the file lock,
 // a key longer than bbolt.MaxKeySize-8 bytes) wrap idempotency.ErrUnavailable
 // together with bbolt's error (Get of such a key finds nothing:
@@ -94,6 +108,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -214,7 +229,12 @@ func open(path string, opts *Options, syncDir func(dir string) error) (*Store, e
 	if err := create(path); err != nil {
 		return nil, fmt.Errorf("boltstore: open %s: create: %w: %w", path, idempotency.ErrUnavailable, err)
 	}
-	db, err := bolt.Open(path, 0o600, &bolt.Options{
+	// bbolt trusts its file: a damaged one can kill the process inside
+	// bolt.Open (see verifyFile), so it is checked first.
+	if err := inspectFile(path, o.OpenTimeout); err != nil {
+		return nil, openError(path, o, err)
+	}
+	db, err := boltOpen(path, &bolt.Options{
 		Timeout: o.OpenTimeout,
 		// The sweep frees pages all the time; the hashmap freelist finds
 		// free runs without scanning an array.
@@ -226,15 +246,10 @@ func open(path string, opts *Options, syncDir func(dir string) error) (*Store, e
 		// pages are synced as before, so durability is unchanged.
 		NoFreelistSync: true,
 	})
-	if errors.Is(err, bolt.ErrTimeout) {
-		// bbolt's ErrTimeout says only "timeout"; the lock is what it
-		// waited for.
-		return nil, fmt.Errorf("boltstore: open %s: %w: the file is locked by another process (or another Open in this one); gave up after %v (OpenTimeout): %w",
-			path, idempotency.ErrUnavailable, o.OpenTimeout, err)
-	}
 	if err != nil {
-		return nil, fmt.Errorf("boltstore: open %s: %w: %w", path, idempotency.ErrUnavailable, err)
+		return nil, openError(path, o, err)
 	}
+	removeStaleTemps(path)
 	// bbolt syncs a new file but not the directory entry that names it:
 	// until the directory is synced, a power cut may take the file, and
 	// every write acknowledged in it, away. The directory is synced on
@@ -260,6 +275,37 @@ func open(path string, opts *Options, syncDir func(dir string) error) (*Store, e
 	return s, nil
 }
 
+// boltOpen is bolt.Open that turns a panic in it into an error: the
+// checks of verifyFile leave none that we know of, but a process must not
+// die of a file it was given.
+func boltOpen(path string, opts *bolt.Options) (db *bolt.DB, err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			db, err = nil, fmt.Errorf("%w: bbolt panicked opening it: %v", ErrDamagedFile, r)
+		}
+	}()
+	return bolt.Open(path, 0o600, opts)
+}
+
+// openError is the error of an Open of path that failed with err.
+func openError(path string, o Options, err error) error {
+	switch {
+	case errors.Is(err, bolt.ErrTimeout):
+		// bbolt's ErrTimeout says only "timeout"; the lock is what it
+		// waited for.
+		return fmt.Errorf("boltstore: open %s: %w: the file is locked by another process (or another Open in this one); gave up after %v (OpenTimeout): %w",
+			path, idempotency.ErrUnavailable, o.OpenTimeout, err)
+	case errors.Is(err, bolt.ErrInvalid), errors.Is(err, bolt.ErrChecksum), errors.Is(err, bolt.ErrVersionMismatch):
+		// What verifyFile let through, bbolt refused: the same verdict.
+		err = fmt.Errorf("%w: %w", ErrDamagedFile, err)
+	}
+	if errors.Is(err, ErrDamagedFile) {
+		return fmt.Errorf("boltstore: open %s: %w: %w (the file was left as it is: move it aside or restore it, then open again)",
+			path, idempotency.ErrUnavailable, err)
+	}
+	return fmt.Errorf("boltstore: open %s: %w: %w", path, idempotency.ErrUnavailable, err)
+}
+
 // create makes the bbolt file at path, if there is none, so that the name
 // never shows a file bbolt has not finished: bbolt writes a new file's
 // first pages in place, and a file cut short there (a full disk, a kill in
@@ -268,14 +314,15 @@ func open(path string, opts *Options, syncDir func(dir string) error) (*Store, e
 // dies. So the file is made whole under a temporary name and then linked
 // to path: a link fails if path exists, so a file another process created
 // meanwhile is kept, not replaced. Where hard links are not supported,
-// bbolt creates the file in place, as before. A crash before the link
-// leaves a temporary file of a few pages behind.
+// bbolt creates the file in place, as before. A crash before the
+// temporary file is removed leaves it behind, for the next Open to remove
+// (removeStaleTemps).
 func create(path string) error {
 	if _, err := os.Stat(path); !errors.Is(err, fs.ErrNotExist) {
 		return nil // it exists, or bolt.Open will report why not
 	}
 	dir, base := filepath.Split(path)
-	f, err := os.CreateTemp(dir, "."+base+".creating-*")
+	f, err := os.CreateTemp(dir, tempPrefix(base)+"*")
 	if err != nil {
 		return err
 	}
@@ -298,9 +345,62 @@ func create(path string) error {
 			errors.Is(lerr.Err, syscall.EOPNOTSUPP) || errors.Is(lerr.Err, syscall.EXDEV)) {
 			return nil // no hard links here: bolt.Open creates path in place
 		}
+		if _, serr := os.Stat(path); errors.Is(err, fs.ErrNotExist) && serr == nil {
+			// The Open of another process, which created path
+			// meanwhile, took the temporary file for a dead one's.
+			return nil
+		}
 		return err
 	}
 	return nil
+}
+
+// tempPrefix begins the names of the temporary files create makes for a
+// file named base; os.CreateTemp ends them with decimal digits.
+func tempPrefix(base string) string { return "." + base + ".creating-" }
+
+// removeStaleTemps removes the temporary files that creations of path,
+// in this build or an earlier one, left behind when they were killed:
+// files named by tempPrefix and digits, next to path. It runs once Open
+// holds path's lock, so path exists and a creation still under way
+// elsewhere finds it and needs its temporary file no more (its link
+// fails, and create takes path as it is). A file that another process
+// holds locked (bbolt initializing it) is left alone. One that is path's
+// file under a second name (a kill between the link and the removal) is
+// only a name: removing it leaves path's file whole. Anything else by that
+// name (a directory, a symbolic link) is left alone. It does its best and
+// reports nothing: leftovers cost disk space, not correctness.
+func removeStaleTemps(path string) {
+	dir, base := filepath.Split(path)
+	if dir == "" {
+		dir = "."
+	}
+	d, err := os.Open(dir)
+	if err != nil {
+		return // a directory the process may search but not read
+	}
+	names, _ := d.Readdirnames(-1)
+	d.Close()
+	live, err := os.Stat(path)
+	if err != nil {
+		return
+	}
+	prefix := tempPrefix(base)
+	for _, name := range names {
+		digits, ok := strings.CutPrefix(name, prefix)
+		if !ok || digits == "" || strings.Trim(digits, "0123456789") != "" {
+			continue
+		}
+		tmp := filepath.Join(dir, name)
+		fi, err := os.Lstat(tmp)
+		if err != nil || !fi.Mode().IsRegular() {
+			continue
+		}
+		if !os.SameFile(fi, live) && lockedByOther(tmp) {
+			continue
+		}
+		_ = os.Remove(tmp)
+	}
 }
 
 // syncDir makes the entries of the directory dir durable.

@@ -1,8 +1,10 @@
 package boltstore
 
 import (
+	"bytes"
 	"errors"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"runtime/debug"
 	"syscall"
@@ -19,27 +21,20 @@ import (
 // under its name whole or not at all.
 func TestCutCreationLeavesNoFile(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "cut.db")
-	var saved syscall.Rlimit
-	if err := syscall.Getrlimit(syscall.RLIMIT_FSIZE, &saved); err != nil {
-		t.Fatal(err)
+	// The size limit is the whole process's: the cut Open runs in a child,
+	// so that no file this process writes meanwhile (the test log of a
+	// cached go test run, another test's) is cut by it.
+	cmd := exec.Command(os.Args[0], "-test.run=^TestCutCreationChild$", "-test.count=1", "-test.v")
+	cmd.Env = append(os.Environ(), cutChildVar+"="+path)
+	out, err := cmd.CombinedOutput()
+	switch {
+	case bytes.Contains(out, []byte("--- SKIP: TestCutCreationChild")):
+		t.Skipf("the child could not limit the file size:\n%s", out)
+	case err != nil:
+		t.Fatalf("the cut Open in a child process: %v\n%s", err, out)
+	case !bytes.Contains(out, []byte("--- PASS: TestCutCreationChild")):
+		t.Fatalf("the child ran no check:\n%s", out)
 	}
-	// Two pages fit: the meta pages are written, the freelist and the
-	// root leaf are not. The limit is the process's: nothing else in this
-	// test process writes to a regular file while it is set.
-	limited := saved
-	limited.Cur = uint64(2 * os.Getpagesize())
-	if err := syscall.Setrlimit(syscall.RLIMIT_FSIZE, &limited); err != nil {
-		t.Skipf("cannot limit the file size: %v", err)
-	}
-	s, err := Open(path, &Options{OpenTimeout: time.Second})
-	if rerr := syscall.Setrlimit(syscall.RLIMIT_FSIZE, &saved); rerr != nil {
-		t.Fatal(rerr)
-	}
-	if err == nil {
-		s.Close()
-		t.Fatal("Open under a file size limit of two pages succeeded")
-	}
-	t.Logf("Open cut short: %v", err)
 	if fi, err := os.Stat(path); err == nil {
 		t.Errorf("the cut creation left %s of %d bytes", path, fi.Size())
 	} else if !errors.Is(err, os.ErrNotExist) {
@@ -49,6 +44,7 @@ func TestCutCreationLeavesNoFile(t *testing.T) {
 		t.Errorf("the cut creation left %q", left)
 	}
 
+	var s *Store
 	// The next Open (the restarted process) must work, not fault.
 	func() {
 		defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
@@ -67,4 +63,31 @@ func TestCutCreationLeavesNoFile(t *testing.T) {
 	if _, ok, err := s.Begin(ctx, "k", "fp", t0, lease, retention); err != nil || !ok {
 		t.Errorf("Begin after a cut creation = %v, %v; want a claim", ok, err)
 	}
+}
+
+const cutChildVar = "BOLTSTORE_TEST_CUT_CHILD"
+
+// TestCutCreationChild opens the path TestCutCreationLeavesNoFile names
+// under a file size limit of two pages, in a child process; it is skipped
+// otherwise. Two pages fit: the meta pages are written, the freelist and
+// the root leaf are not.
+func TestCutCreationChild(t *testing.T) {
+	path := os.Getenv(cutChildVar)
+	if path == "" {
+		t.Skip("run by TestCutCreationLeavesNoFile")
+	}
+	var limited syscall.Rlimit
+	if err := syscall.Getrlimit(syscall.RLIMIT_FSIZE, &limited); err != nil {
+		t.Fatal(err)
+	}
+	limited.Cur = uint64(2 * os.Getpagesize())
+	if err := syscall.Setrlimit(syscall.RLIMIT_FSIZE, &limited); err != nil {
+		t.Skipf("cannot limit the file size: %v", err)
+	}
+	s, err := Open(path, &Options{OpenTimeout: time.Second})
+	if err == nil {
+		s.Close()
+		t.Fatal("Open under a file size limit of two pages succeeded")
+	}
+	t.Logf("Open cut short: %v", err)
 }
