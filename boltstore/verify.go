@@ -8,6 +8,7 @@ import (
 	"hash/fnv"
 	"io"
 	"os"
+	"runtime/debug"
 	"slices"
 	"time"
 )
@@ -141,11 +142,11 @@ func verifyFile(f io.ReaderAt, size int64) error {
 	if errM != nil {
 		return fmt.Errorf("%w: no valid meta page (first: %w; second: %w)", ErrDamagedFile, err0, err1)
 	}
-	v := verifier{f: f, size: size, ps: ps, hwm: meta.pgid, seen: make(map[uint64]bool)}
 	if meta.pgid < 3 || uint64(size)/uint64(ps) < meta.pgid {
 		return fmt.Errorf("%w: %d bytes, cut short: its meta page (transaction %d) names %d pages of %d bytes",
 			ErrDamagedFile, size, meta.txid, meta.pgid, ps)
 	}
+	v := verifier{f: f, size: size, ps: ps, hwm: meta.pgid, seen: make([]uint64, (meta.pgid+63)/64)}
 	if meta.freelist != noFreelist {
 		if err := v.freelist(meta.freelist); err != nil {
 			return fmt.Errorf("%w: transaction %d: %w", ErrDamagedFile, meta.txid, err)
@@ -163,7 +164,7 @@ type verifier struct {
 	size int64
 	ps   int64
 	hwm  uint64
-	seen map[uint64]bool
+	seen []uint64 // a bit per page below hwm: named by a page already read
 }
 
 // page reads page id with its overflow pages, checking that it lies in the
@@ -173,10 +174,19 @@ func (v *verifier) page(id uint64, kinds ...uint16) ([]byte, error) {
 	if id < 2 || id >= v.hwm {
 		return nil, fmt.Errorf("page %d outside pages 2 to %d", id, v.hwm-1)
 	}
-	var hdr [pageHeaderSize]byte
-	if _, err := v.f.ReadAt(hdr[:], int64(id)*v.ps); err != nil {
-		return nil, fmt.Errorf("page %d: %w", id, err)
+	// One read for the page, and one more for its overflow pages if it
+	// has any: the file holds at least hwm pages (verifyFile checked).
+	mem, mapped := v.f.(memFile)
+	var buf []byte
+	if mapped {
+		buf = mem[int64(id)*v.ps:][:v.ps:v.ps]
+	} else {
+		buf = make([]byte, v.ps)
+		if _, err := v.f.ReadAt(buf, int64(id)*v.ps); err != nil {
+			return nil, fmt.Errorf("page %d: %w", id, err)
+		}
 	}
+	hdr := buf[:pageHeaderSize]
 	if got := nativeEndian.Uint64(hdr[0:]); got != id {
 		return nil, fmt.Errorf("page %d says it is page %d", id, got)
 	}
@@ -188,14 +198,19 @@ func (v *verifier) page(id uint64, kinds ...uint16) ([]byte, error) {
 		return nil, fmt.Errorf("page %d and its %d overflow pages pass the high water mark %d", id, n-1, v.hwm)
 	}
 	for i := id; i < id+n; i++ {
-		if v.seen[i] {
+		if v.seen[i/64]&(1<<(i%64)) != 0 {
 			return nil, fmt.Errorf("page %d named twice", i)
 		}
-		v.seen[i] = true
+		v.seen[i/64] |= 1 << (i % 64)
 	}
-	buf := make([]byte, int64(n)*v.ps)
-	if _, err := v.f.ReadAt(buf, int64(id)*v.ps); err != nil {
-		return nil, fmt.Errorf("page %d: %w", id, err)
+	switch {
+	case n > 1 && mapped:
+		buf = mem[int64(id)*v.ps:][:int64(n)*v.ps]
+	case n > 1:
+		buf = append(buf, make([]byte, int64(n-1)*v.ps)...)
+		if _, err := v.f.ReadAt(buf[v.ps:], int64(id+1)*v.ps); err != nil {
+			return nil, fmt.Errorf("page %d: %w", id, err)
+		}
 	}
 	return buf, nil
 }
@@ -312,6 +327,17 @@ func inspectFile(path string, timeout time.Duration) (err error) {
 	if !fi.Mode().IsRegular() || fi.Size() == 0 {
 		return nil // bolt.Open says what it makes of it
 	}
+	// Read through a mapping where there is one: a read per page costs a
+	// system call, which made Open of a 50 MB file take twice as long.
+	var r io.ReaderAt = f
+	if data, err := mapFile(f, fi.Size()); err == nil {
+		defer unmapFile(data)
+		// A page of the mapping cut off by a truncation meanwhile (by a
+		// process that ignores the lock) faults: SetPanicOnFault makes
+		// the fault a panic, which the recover below reports.
+		defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
+		r = memFile(data)
+	}
 	defer func() {
 		// verifyFile indexes only what it checked; were it wrong, the
 		// file is still not one to hand to bbolt.
@@ -319,5 +345,20 @@ func inspectFile(path string, timeout time.Duration) (err error) {
 			err = fmt.Errorf("%w: checking it panicked: %v", ErrDamagedFile, r)
 		}
 	}()
-	return verifyFile(f, fi.Size())
+	return verifyFile(r, fi.Size())
+}
+
+// memFile is a file mapped into memory, whose pages verifier reads in
+// place instead of copying them.
+type memFile []byte
+
+func (m memFile) ReadAt(p []byte, off int64) (int, error) {
+	if off < 0 || off > int64(len(m)) {
+		return 0, io.EOF
+	}
+	n := copy(p, m[off:])
+	if n < len(p) {
+		return n, io.EOF
+	}
+	return n, nil
 }
