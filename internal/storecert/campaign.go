@@ -22,7 +22,10 @@ const (
 	checkNoDouble   = "campaign: no double execution inside the lease"
 	checkReplay     = "campaign: a replay is the stored result"
 	checkLinearHist = "campaign: history linearizable"
-	keysPerRound    = 3
+	// checkCallsReturn: every store call of the campaign returned, without
+	// a panic and within the recorder's bound (opTimeout+callGrace).
+	checkCallsReturn = "campaign: every store call returns (no panic, no hang)"
+	keysPerRound     = 3
 	// roundLength is how long workers stay on one set of fresh keys; half
 	// of the calls go to the keys of the ten rounds before, where
 	// claims left behind by failed fns are taken over.
@@ -89,7 +92,7 @@ func (c *campaign) keyOf(round, i int) string {
 func (c *campaign) run(ctx context.Context) {
 	c.execs = map[string][]*execution{}
 	c.outcomes = map[string]int{}
-	c.rep.Declare(checkFailClosed, checkNoDouble, checkReplay, checkLinearHist)
+	c.rep.Declare(checkFailClosed, checkNoDouble, checkReplay, checkLinearHist, checkCallsReturn)
 	ctx, cancel := context.WithTimeout(ctx, c.opts.Duration)
 	defer cancel()
 	c.start = time.Now()
@@ -138,8 +141,25 @@ func (c *campaign) run(ctx context.Context) {
 	c.mu.Lock()
 	c.progress("campaign: outcomes %v", c.outcomes)
 	c.mu.Unlock()
+	c.checkCalls()
 	c.checkExecutions()
 	c.checkLinearizable()
+}
+
+// checkCalls fails checkCallsReturn once for each store call that
+// panicked or did not return, naming the method and the panic; each other
+// call holds it.
+func (c *campaign) checkCalls() {
+	calls, faults := c.rec.callStats()
+	for _, f := range faults {
+		c.rep.Fail(checkCallsReturn, "%v", f)
+	}
+	for range calls - len(faults) {
+		c.rep.Pass(checkCallsReturn)
+	}
+	if len(faults) > 0 {
+		c.progress("campaign: %d of %d store calls did not return normally, e.g. %v", len(faults), calls, faults[0])
+	}
 }
 
 func (c *campaign) progress(format string, args ...any) {

@@ -106,21 +106,108 @@ func traceFrom(ctx context.Context) *doTrace {
 
 // recorder is a Store that records every call on the wrapped store, as the
 // Guard saw it, and bounds each call by opTimeout (some drivers wait for a
-// silent server as long as their ctx lets them).
+// silent server as long as their ctx lets them). A call that panics, or
+// has not returned callGrace after its opTimeout, is a fault of the store:
+// the caller gets an error, and the campaign fails checkCallsReturn.
 type recorder struct {
 	inner       idempotency.Store
 	opTimeout   time.Duration
 	serverClock bool
 	start       time.Time
 
-	mu  sync.Mutex
-	ops []op
+	mu     sync.Mutex
+	ops    []op
+	calls  int
+	faults []*callFault
+}
+
+// callGrace is how long the recorder waits for a store call past its
+// opTimeout (when its ctx has ended, and the contract wants it to return
+// promptly) before it reports the call as hung and stops waiting for it.
+const callGrace = 10 * time.Second
+
+// callFault is a store call that did not return normally: it panicked,
+// ended its goroutine (runtime.Goexit), or was still running callGrace
+// after its ctx ended. The call may have been applied, or still be, so
+// the error wraps ErrUnavailable for the Guard.
+type callFault struct {
+	method, key string
+	what        string
+	// hung: the call was given up on and may still be running.
+	hung bool
+}
+
+func (e *callFault) Error() string {
+	return fmt.Sprintf("storecert: the store's %s (key %s) %s", e.method, e.key, e.what)
+}
+
+func (e *callFault) Unwrap() error { return idempotency.ErrUnavailable }
+
+// abandoned reports whether err is that of a call that may still be
+// running, whose results must not be read.
+func abandoned(err error) bool {
+	var f *callFault
+	return errors.As(err, &f) && f.hung
 }
 
 var _ idempotency.Store = (*recorder)(nil)
 
 func newRecorder(inner idempotency.Store, opTimeout time.Duration, serverClock bool) *recorder {
 	return &recorder{inner: inner, opTimeout: opTimeout, serverClock: serverClock, start: time.Now()}
+}
+
+// callStats returns how many store calls were made, and those that did not
+// return normally.
+func (r *recorder) callStats() (calls int, faults []*callFault) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.calls, append([]*callFault(nil), r.faults...)
+}
+
+// guarded runs call on a goroutine of its own and returns its error. A
+// panic there (wherever the Guard called from: a worker or one of its
+// renewal goroutines) or a runtime.Goexit becomes a *callFault, and so
+// does a call still running opTimeout+callGrace after it started, which is
+// left behind.
+func (r *recorder) guarded(ctx context.Context, in input, call func(ctx context.Context) error) error {
+	fault := func(what string, hung bool) error {
+		f := &callFault{method: in.kind.String(), key: in.key, what: what, hung: hung}
+		r.mu.Lock()
+		r.faults = append(r.faults, f)
+		r.mu.Unlock()
+		return f
+	}
+	r.mu.Lock()
+	r.calls++
+	r.mu.Unlock()
+	done := make(chan error, 1)
+	go func() {
+		returned := false
+		defer func() {
+			if returned {
+				return
+			}
+			// recover is nil only for runtime.Goexit: panic(nil) panics
+			// with a *runtime.PanicNilError.
+			if p := recover(); p != nil {
+				done <- fault(fmt.Sprintf("panicked: %v", p), false)
+			} else {
+				done <- fault("ended its goroutine (runtime.Goexit)", false)
+			}
+		}()
+		err := call(ctx)
+		returned = true
+		done <- err
+	}()
+	bound := r.opTimeout + callGrace
+	timer := time.NewTimer(bound)
+	defer timer.Stop()
+	select {
+	case err := <-done:
+		return err
+	case <-timer.C:
+		return fault(fmt.Sprintf("did not return within %v of its call (its ctx ended after %v)", bound, r.opTimeout), true)
+	}
 }
 
 // history returns a copy of the calls recorded so far.
@@ -143,7 +230,7 @@ func (r *recorder) do(ctx context.Context, in input, now time.Time, call func(ct
 	}
 	callMono := time.Since(r.start).Nanoseconds()
 	wallCall := time.Now().UnixNano()
-	err := call(ctx)
+	err := r.guarded(ctx, in, call)
 	retMono := time.Since(r.start).Nanoseconds()
 	wallRet := time.Now().UnixNano()
 
@@ -203,6 +290,10 @@ func (r *recorder) Begin(ctx context.Context, key, fp string, now time.Time, lea
 		}
 		t.mu.Unlock()
 	}
+	if abandoned(err) {
+		// The call may still be writing rec and ok: neither is read.
+		return idempotency.Record{}, false, err
+	}
 	return rec, ok, err
 }
 
@@ -244,6 +335,9 @@ func (r *recorder) Get(ctx context.Context, key string, now time.Time) (idempote
 			o.leaseUntil = rec.LeaseUntil.UnixNano()
 		}
 	})
+	if abandoned(err) {
+		return idempotency.Record{}, err // the call may still be writing rec
+	}
 	return rec, err
 }
 

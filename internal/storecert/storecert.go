@@ -1,5 +1,5 @@
 // Package storecert certifies a live idempotency.Store named by a URL, for
-// idemcheck's store mode (idemcheck -store URL). Run does three things and
+// idemcheck's store mode (idemcheck -store URL). Run does four things and
 // puts every property it checks into a verdict.Report:
 //
 //  1. The conformance contract: each clause of idemtest, run through
@@ -26,6 +26,14 @@
 //     longer than a legal one. With Options.Visualize, porcupine's
 //     drawing of each history that is not linearizable is written there,
 //     and the report names the file; without, nothing is written.
+//  4. Every store call of the campaign returns: one that panics (on a
+//     worker or on one of the Guard's renewal goroutines) or ends its
+//     goroutine fails the check "campaign: every store call returns",
+//     naming the method and the panic value, instead of ending the
+//     process. Each call gets a ctx of 400ms; one that has not returned
+//     10s after that fails the check as hung and is left running (its
+//     goroutine stays until the store lets it go). Either way the Guard
+//     sees an ErrUnavailable, and the history an outcome unknown.
 //
 // # Clocks
 //
