@@ -31,9 +31,14 @@
 //   - Inside the window, fn runs at most once per key while the holder lives
 //     and keeps renewing; a stored result is replayed byte for byte.
 //   - If the holder crashes, or cannot reach the store for a whole lease, fn
-//     may run again after the lease. The guarantee for side effects outside
-//     the store is then the downstream write's: make it conditional on the
-//     fencing token (TokenFrom) or on the key.
+//     may run again after the lease. It may also run again when its
+//     response could not be stored (Do returns that response with an error
+//     wrapping ErrNotStored). The guarantee for side effects outside the store is
+//     then the downstream write's: make it conditional on the fencing
+//     token (TokenFrom) or on the key.
+//   - A claim the Guard could not give back (ErrNotReleased: a Retryable
+//     error's, or one granted to a caller that had gone) blocks the key
+//     until its lease ends, unless it was lost already (ErrLeaseLost).
 //   - After the window (Retention) the key is forgotten and runs again.
 //
 // # Choosing a store

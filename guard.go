@@ -236,15 +236,18 @@ type Result struct {
 // start, and a claim already made is released. So does a claim that Begin
 // answers too late to be of use, nine tenths of the lease or more after it
 // was sent (by then fn's ctx would have to end at once, and another holder
-// may take the key over): the error wraps ErrUnavailable.
+// may take the key over): the error wraps ErrUnavailable. If that Release
+// fails, the error also wraps ErrNotReleased: the key stays in flight
+// until its lease ends.
 //
 // While fn runs the Guard renews the lease. If a renewal is rejected
 // (another holder took the key over), fn's ctx is cancelled, the result is
-// not stored and Do returns an error wrapping ErrLeaseLost. If renewals
-// cannot reach the store, they are retried at shrinking intervals, and fn's
-// ctx is cancelled a tenth of the lease before the last successful claim or
-// renewal would let another holder take over; fn should stop its side
-// effects then. Its result is stored only if its token is still current.
+// not stored and Do returns an error wrapping ErrLeaseLost (and
+// ErrNotStored if fn returned a response, fn's error if it failed). If
+// renewals cannot reach the store, they are retried at shrinking intervals,
+// and fn's ctx is cancelled a tenth of the lease before the last successful
+// claim or renewal would let another holder take over; fn should stop its
+// side effects then. Its result is stored only if its token is still current.
 // fn's ctx is cancelled when fn returns, as a request's is when its HTTP
 // handler returns: work left running with it is told to stop (use
 // context.WithoutCancel for work that must go on).
@@ -252,11 +255,17 @@ type Result struct {
 // When fn returns an error, nothing is stored and the claim is kept until
 // its lease ends, as after a crash: fn may have had side effects. Mark the
 // error with Retryable to release the key at once instead (if the release
-// fails, the error says so and is no longer Retryable). If fn panics, the
-// key is released and the panic continues. If storing the result fails, Do
-// returns fn's response, Executed and the store's error: the side effect
-// happened but a retry may run fn again after the lease (fence it
-// downstream with TokenFrom).
+// fails, the error wraps ErrNotReleased too and is no longer Retryable). If
+// fn panics, the key is released and the panic continues. If storing the
+// result fails, Do returns fn's response, Executed and an error wrapping
+// ErrNotStored and the store's error: the side effect happened but a retry
+// may run fn again after the lease (fence it downstream with TokenFrom).
+//
+// So with Executed and an error, errors.Is tells what happened: with
+// ErrNotStored, fn succeeded and its response is returned, but it was not
+// stored; otherwise fn failed and the error is fn's, joined with one
+// wrapping ErrNotReleased when a Retryable error's Release failed, or with
+// one wrapping ErrLeaseLost when the claim was lost while fn ran.
 //
 // A nil fn is a programming error: Do returns Unavailable and an error
 // wrapping ErrInvalidConfig (and ErrUnavailable, as for every invalid
@@ -397,7 +406,7 @@ func (g *Guard) execute(ctx context.Context, cfg config, key string, token uint6
 		// retry.
 		*res = Result{Outcome: Unavailable}
 		if rerr := g.Store.Release(context.WithoutCancel(ctx), key, token); rerr != nil {
-			return errors.Join(unavailable("begin", err), fmt.Errorf("idempotency: release: %w", rerr))
+			return errors.Join(unavailable("begin", err), storeFailed(ErrNotReleased, rerr))
 		}
 		return unavailable("begin", err)
 	}
@@ -444,35 +453,27 @@ func (g *Guard) execute(ctx context.Context, cfg config, key string, token uint6
 		r.stop()
 	}
 	if c.finish() {
-		lost := fmt.Errorf("idempotency: result not stored: %w", ErrLeaseLost)
 		if ferr != nil {
 			// fn's own failure is kept: it may say more than the lease.
-			// Not released, so not Retryable whatever fn said.
-			return errors.Join(lost, notRetryable{ferr})
+			// Not released, so not Retryable whatever fn said; and not
+			// ErrNotStored, which says that fn succeeded.
+			return errors.Join(fmt.Errorf("idempotency: claim lost while fn ran: %w", ErrLeaseLost), notRetryable{ferr})
 		}
-		return lost
+		return fmt.Errorf("%w: %w", ErrNotStored, ErrLeaseLost)
 	}
 	if ferr != nil {
 		if IsRetryable(ferr) {
 			if rerr := g.Store.Release(wctx, key, token); rerr != nil {
 				// The claim stays (until its lease ends, or with another
 				// holder): fn's error loses its mark, as after a lost lease.
-				if !errors.Is(rerr, ErrLeaseLost) {
-					rerr = unavailable("release", rerr)
-				} else {
-					rerr = fmt.Errorf("idempotency: release: %w", rerr)
-				}
-				return errors.Join(notRetryable{ferr}, rerr)
+				return errors.Join(notRetryable{ferr}, storeFailed(ErrNotReleased, rerr))
 			}
 		}
 		return ferr
 	}
 	now := g.now()
 	if err := g.Store.Complete(wctx, key, token, resp, now, cfg.retention); err != nil {
-		if errors.Is(err, ErrLeaseLost) {
-			return fmt.Errorf("idempotency: result not stored: %w", err)
-		}
-		return unavailable("complete", err)
+		return storeFailed(ErrNotStored, err)
 	}
 	res.ExpiresAt = now.Add(cfg.retention)
 	return nil

@@ -205,15 +205,17 @@ func (s setting) String() string {
 //   - fn ran and succeeded: Ack, nil. If its success could not be stored
 //     (the store failed, or the claim was lost), still Ack, on purpose (the
 //     effect happened; a Nak would run fn again at once), with an error
-//     wrapping idempotency.ErrUnavailable or idempotency.ErrLeaseLost.
+//     wrapping idempotency.ErrNotStored, and idempotency.ErrUnavailable
+//     or idempotency.ErrLeaseLost.
 //     Nothing records the success: a redelivery or duplicate that comes
 //     after the claim's lease runs fn again.
 //   - msgID was processed before: Ack, nil; fn does not run.
 //   - fn failed: Nak after Options.RetryDelay, and fn's error. The id is
 //     released, so the redelivery runs fn again without waiting for the
 //     lease. If the release could not reach the store, the error says so
-//     too and the Nak waits at least the lease, after which the claim may
-//     be taken over. If the claim was lost while fn ran, the error says so
+//     too (it wraps idempotency.ErrNotReleased and ErrUnavailable) and the
+//     Nak waits at least the lease, after which the claim may be taken
+//     over. If the claim was lost while fn ran, the error says so
 //     too; the id is not released (another consumer may hold it).
 //   - msgID is claimed by another consumer (or by a consumer that died, or
 //     by a Begin whose answer was lost): Nak with the time left on its
@@ -292,8 +294,10 @@ func (w *Window) Process(ctx context.Context, msgID string, fn func(ctx context.
 		if len(errs) == 1 {
 			return d, fnErr
 		}
-		if errors.Is(errors.Join(errs[1:]...), idempotency.ErrUnavailable) {
-			// The release failed: the claim stays until its lease ends.
+		if errors.Is(err, idempotency.ErrNotReleased) && errors.Is(err, idempotency.ErrUnavailable) {
+			// The release failed, the claim still this consumer's (not
+			// ErrLeaseLost): it stays until its lease ends. The stand-in
+			// wraps nothing, so only the Guard's errors are asked.
 			d.Delay = max(d.Delay, w.Lease())
 		}
 		return d, errors.Join(errs...)

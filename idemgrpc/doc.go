@@ -117,9 +117,11 @@
 //     not Canceled: the caller did not cancel, and should retry with the
 //     same key.
 //   - The handler ran but its result could not be stored, or its key
-//     released: its answer is sent, and Options.OnStoreError is told; a
-//     retry after the lease may run the handler again (fence the side
-//     effect downstream with idempotency.TokenFrom).
+//     released: its answer is sent, and Options.OnStoreError is told (the
+//     Guard's error wraps idempotency.ErrNotStored or
+//     idempotency.ErrNotReleased, which the interceptor goes by); a retry
+//     after the lease may run the handler again (fence the side effect
+//     downstream with idempotency.TokenFrom).
 //
 // # The client goes away
 //

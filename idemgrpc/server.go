@@ -93,9 +93,12 @@ type Options struct {
 	// the client still gets the handler's answer (except that a handler
 	// stopped by a lost lease is answered Aborted or Unavailable), but a
 	// retry may run the handler again. err says which of these failed and
-	// wraps the store's error (errors.Is works); it wraps
-	// idempotency.ErrLeaseLost when the result could not be stored because
-	// the claim had been taken over or deleted. The errors of the renewals
+	// wraps the store's error (errors.Is works), and the Guard's sentinel:
+	// idempotency.ErrNotStored when the result could not be stored,
+	// idempotency.ErrNotReleased when the key could not be released. It
+	// wraps idempotency.ErrLeaseLost when the claim had been taken over or
+	// deleted (before the result was stored, or while a handler that failed
+	// ran, or before its key was released). The errors of the renewals
 	// themselves go to the Guard's OnRenew, and a Release after a handler
 	// that panicked or called runtime.Goexit (with Internal in
 	// ReleaseCodes) is not reported. A call whose caller left (cancelled,
@@ -261,16 +264,12 @@ func (s *server) intercept(ctx context.Context, req any, info *grpc.UnaryServerI
 	default:
 		if cerr := gctx.Err(); cerr != nil {
 			// The caller left while the key was claimed. The Guard gave a
-			// claim granted meanwhile back, and joins the Release's error
-			// to its own (ErrUnavailable and the caller's) when that
-			// failed: the key then stays blocked until its lease ends,
-			// which is the store's failure.
-			if j, ok := err.(interface{ Unwrap() []error }); ok && s.opts.OnStoreError != nil {
-				for _, e := range j.Unwrap() {
-					if e != idempotency.ErrUnavailable && !errors.Is(e, cerr) {
-						s.opts.OnStoreError(ctx, method, fmt.Errorf("idemgrpc: could not release the key: %w", e))
-					}
-				}
+			// claim granted meanwhile back; if that failed its error wraps
+			// ErrNotReleased: the key then stays blocked until its lease
+			// ends, which is the store's failure (the caller's leaving is
+			// not, and is left out of the report).
+			if e := guardPart(err, idempotency.ErrNotReleased, nil); e != nil && s.opts.OnStoreError != nil {
+				s.opts.OnStoreError(ctx, method, fmt.Errorf("idemgrpc: could not release the key: %w", e))
 			}
 			return nil, status.FromContextError(cerr).Err()
 		}
@@ -291,9 +290,12 @@ func (e *fnError) Unwrap() error { return e.err }
 // reportExecuted tells OnStoreError of the store failures of a call whose
 // handler ran. err is the Guard's error, fe the handler side's (nil if
 // none), cut whether the Guard ended the handler's context. The Guard
-// returns fe alone when the store did its part, fe joined with the
-// Release's error when the key could not be given back, and the store's
-// error (fe dropped) when the result could not be stored.
+// returns an error wrapping ErrNotStored when the handler's answer could
+// not be stored; otherwise err is fe, alone when the store did its part,
+// or joined with an error wrapping ErrNotReleased when the key could not
+// be given back, or with one wrapping ErrLeaseLost when the claim was lost
+// while the handler ran. fe's own errors are the handler's, never the
+// store's, whatever they wrap.
 func (s *server) reportExecuted(ctx context.Context, method string, err error, fe *fnError, cut bool) {
 	if cut && !errors.Is(err, idempotency.ErrLeaseLost) {
 		// The lease ran out while renewals failed; their errors went to
@@ -302,19 +304,37 @@ func (s *server) reportExecuted(ctx context.Context, method string, err error, f
 	}
 	switch {
 	case err == nil:
-	case fe != nil && errors.Is(err, fe):
-		// fe, or errors.Join(fe, the Release's error): report the latter
-		// only. (fe itself unwraps to one error, not to a list.)
-		if j, ok := err.(interface{ Unwrap() []error }); ok {
-			for _, e := range j.Unwrap() {
-				if !errors.Is(e, fe) {
-					s.opts.OnStoreError(ctx, method, fmt.Errorf("idemgrpc: could not release the key: %w", e))
-				}
-			}
-		}
-	default:
+	case fe == nil || !errors.Is(err, fe):
+		// ErrNotStored: the handler's answer was sent, and not stored.
 		s.opts.OnStoreError(ctx, method, fmt.Errorf("idemgrpc: could not store the result: %w", err))
+	default:
+		if e := guardPart(err, idempotency.ErrNotReleased, fe); e != nil {
+			s.opts.OnStoreError(ctx, method, fmt.Errorf("idemgrpc: could not release the key: %w", e))
+		} else if e := guardPart(err, idempotency.ErrLeaseLost, fe); e != nil {
+			s.opts.OnStoreError(ctx, method, fmt.Errorf("idemgrpc: the key was taken over or deleted while the handler ran: %w", e))
+		}
 	}
+}
+
+// guardPart returns the part of the Guard's error err that wraps target
+// (a sentinel) and not fe (the handler side's error, nil if none), or nil
+// if none does. The Guard joins what it has to say to an error that is not
+// the store's (the handler's, or the one about the caller's context), and
+// only the former is a store failure to report.
+func guardPart(err, target error, fe *fnError) error {
+	if !errors.Is(err, target) {
+		return nil
+	}
+	parts := []error{err}
+	if j, ok := err.(interface{ Unwrap() []error }); ok {
+		parts = j.Unwrap()
+	}
+	for _, e := range parts {
+		if errors.Is(e, target) && (fe == nil || !errors.Is(e, fe)) {
+			return e
+		}
+	}
+	return nil
 }
 
 func (s *server) now() time.Time {

@@ -160,7 +160,8 @@
 // status was sent, or after one that is not stored) releases the key and
 // goes on as it was raised (the middleware tries the Release a second time
 // if the Guard's failed; if that fails too, the claim stays until its lease
-// ends, and the Observer sees Abandoned); so does any other Goexit.
+// ends, and the Observer sees Abandoned, its Err wrapping
+// idempotency.ErrNotReleased); so does any other Goexit.
 //
 // # Operator tools
 //

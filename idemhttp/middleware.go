@@ -696,11 +696,16 @@ func (m *Middleware) serve(next http.Handler, w http.ResponseWriter, r *http.Req
 			outcome = Abandoned
 		case idempotency.IsRetryable(err):
 			// Released: the Guard takes the mark off when the release
-			// fails, and the default below reports that.
+			// fails, and says so with ErrNotReleased (below).
 			outcome = Released
+		case errors.Is(err, idempotency.ErrNotStored), errors.Is(err, idempotency.ErrNotReleased):
+			// The response could not be stored, or the key released for a
+			// status that is not stored (the claim stays until its lease
+			// ends).
+			outcome = NotStored
 		default:
-			// The result could not be stored, or the key released (the
-			// claim stays until its lease ends).
+			// Not expected: every error fn returns is matched above, and
+			// the Guard adds to it only what the cases above match.
 			outcome = NotStored
 		}
 	case idempotency.Replayed:
@@ -895,7 +900,9 @@ func (m *Middleware) afterPanic(r *http.Request, key string, token uint64, statu
 	if err != nil && !errors.Is(err, idempotency.ErrLeaseLost) {
 		// ErrLeaseLost: the Guard's Release went through (or the key was
 		// taken over); either way this claim no longer holds it.
-		m.observe(r, Abandoned, status, start, errors.Join(errPanicKept, err))
+		// ErrNotReleased, as the Guard says of a Release of its own that
+		// failed.
+		m.observe(r, Abandoned, status, start, errors.Join(errPanicKept, fmt.Errorf("%w: %w", idempotency.ErrNotReleased, err)))
 		return
 	}
 	m.observe(r, Released, status, start, errPanic)

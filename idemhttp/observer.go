@@ -40,11 +40,12 @@ const (
 	// with anything (or called runtime.Goexit) after it sent a stored
 	// status or called KeepClaim, and when it panicked otherwise (or called
 	// runtime.Goexit) but the store refused to release the key (Err wraps
-	// the store's error).
+	// idempotency.ErrNotReleased and the store's error).
 	Abandoned Outcome = "abandoned"
 	// NotStored: the handler ran and its response was sent, but the store
-	// failed to record it (or, for a response not to be stored, to release
-	// the key); a retry after the lease may run again.
+	// failed to record it (Err wraps idempotency.ErrNotStored) or, for a
+	// response not to be stored, to release the key (Err wraps
+	// idempotency.ErrNotReleased); a retry after the lease may run again.
 	NotStored Outcome = "not_stored"
 	// NotReplayable: the key's stored result is the marker of a response
 	// that cannot be replayed (too large to store, or cut short when the
