@@ -33,9 +33,9 @@
 //   - If the holder crashes, or cannot reach the store for a whole lease, fn
 //     may run again after the lease. It may also run again when its
 //     response could not be stored (Do returns that response with an error
-//     wrapping ErrNotStored). The guarantee for side effects outside the store is
-//     then the downstream write's: make it conditional on the fencing
-//     token (TokenFrom) or on the key.
+//     wrapping ErrNotStored). The guarantee for side effects outside the
+//     store is then the downstream write's: make it conditional on the
+//     fencing token (TokenFrom) or on the key.
 //   - A claim the Guard could not give back (ErrNotReleased: a Retryable
 //     error's, or one granted to a caller that had gone) blocks the key
 //     until its lease ends, unless it was lost already (ErrLeaseLost).
