@@ -110,3 +110,25 @@ func TestEvictionPolicyCheckCluster(t *testing.T) {
 		t.Fatalf("New logged %q; want one warning naming the volatile-ttl master (%s)", log, port(1))
 	}
 }
+
+// TestEvictionPolicyCheckNamesServer: on a single node the error and the
+// warning name the server's address, as on a Ring or a Cluster. (They
+// named none: "redisstore: ...: has maxmemory-policy ...", addr="".)
+func TestEvictionPolicyCheckNamesServer(t *testing.T) {
+	srv := startPrivateServer(t)
+	c := srv.client(t)
+	if err := c.ConfigSet(context.Background(), "maxmemory-policy", "allkeys-lru").Err(); err != nil {
+		t.Fatal(err)
+	}
+	_, err := New(c, &Options{RequireNoEviction: true, Logger: discard()})
+	if !errors.Is(err, idempotency.ErrInvalidConfig) || !strings.Contains(err.Error(), srv.addr()+" has maxmemory-policy allkeys-lru") {
+		t.Errorf("New with RequireNoEviction on an allkeys-lru server: %v; want ErrInvalidConfig naming %s", err, srv.addr())
+	}
+	var buf bytes.Buffer
+	if _, err := New(c, &Options{Logger: slog.New(slog.NewTextHandler(&buf, nil))}); err != nil {
+		t.Fatal(err)
+	}
+	if log := buf.String(); !strings.Contains(log, "addr="+srv.addr()) || !strings.Contains(log, "allkeys-lru") {
+		t.Errorf("New logged %q; want a warning naming %s and allkeys-lru", log, srv.addr())
+	}
+}

@@ -105,8 +105,10 @@ var _ idempotency.Store = (*Store)(nil)
 // NewFailoverClient, Sentinel), a *redis.ClusterClient, a *redis.Ring (each
 // key kept on its own shard, see the package documentation) or any other
 // UniversalClient. It checks each server's maxmemory-policy (see the
-// package documentation); an unreachable server is not an error here, the
-// store fails closed when used.
+// package documentation), waiting at most OpTimeout for the answers; an
+// unreachable server is not an error here (a warning is logged after that
+// wait, or sooner if the dial fails at once), the store fails closed when
+// used.
 func New(client redis.UniversalClient, opts *Options) (*Store, error) {
 	if opts == nil {
 		opts = &Options{}
@@ -201,8 +203,10 @@ func (s *Store) checkEviction(log *slog.Logger, require bool) error {
 	case *redis.Ring:
 		// A keyless command goes to one shard at random: ask each.
 		return c.ForEachShard(ctx, each)
+	case *redis.Client:
+		return each(ctx, c)
 	}
-	return check(ctx, s.c, "")
+	return check(ctx, s.c, "the server")
 }
 
 // call runs script on key within OpTimeout.
@@ -675,7 +679,7 @@ var (
 // store coherent across a fleet:
 //
 //	go store.WatchDeletes(ctx, cache.Forget, cache.ForgetAll, func(err error) {
-//		log.Warn("deletion feed down; the cache's TTL bounds staleness", "err", err)
+//		slog.Warn("deletion feed down; the cache's TTL bounds staleness", "err", err)
 //	})
 //
 // Deletions are announced by Redis pub/sub, which does not keep messages
