@@ -130,6 +130,11 @@ type Options struct {
 	Now func() time.Time
 }
 
+// ErrNoID is returned (wrapped) by Process for an empty message id, with
+// Term and the outcome Conflicted: a message without an id cannot be
+// deduplicated, and redelivering it cannot help. fn does not run.
+var ErrNoID = errors.New("dedup: empty message id")
+
 // Window deduplicates messages by id. It is safe for concurrent use.
 type Window struct {
 	guard *idempotency.Guard
@@ -233,10 +238,11 @@ func (s setting) String() string {
 // shortly before the lease runs out while renewals cannot reach the store,
 // and when fn returns. A cancel that lands just after the claim (after the
 // Guard's last look at ctx) can reach fn as it starts. An empty msgID is refused
-// (Term): a message without an id cannot be deduplicated.
+// (Term, Conflicted, ErrNoID): a message without an id cannot be
+// deduplicated.
 func (w *Window) Process(ctx context.Context, msgID string, fn func(ctx context.Context) error) (Decision, error) {
 	if msgID == "" {
-		return Decision{Action: Term, Outcome: idempotency.Conflicted}, errors.New("dedup: empty message id")
+		return Decision{Action: Term, Outcome: idempotency.Conflicted}, ErrNoID
 	}
 	var fnErr error
 	var standIn *fnFailed

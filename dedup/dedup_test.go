@@ -174,8 +174,10 @@ func TestConflictingRecordTerms(t *testing.T) {
 	if !errors.Is(err, idempotency.ErrConflict) || d.Action != dedup.Term {
 		t.Errorf("%+v, %v; want Term with ErrConflict", d, err)
 	}
-	if d, err := w.Process(context.Background(), "", func(context.Context) error { return nil }); err == nil || d.Action != dedup.Term {
-		t.Errorf("empty id: %+v, %v; want Term with an error", d, err)
+	ran := false
+	if d, err := w.Process(context.Background(), "", func(context.Context) error { ran = true; return nil }); !errors.Is(err, dedup.ErrNoID) ||
+		d.Action != dedup.Term || d.Outcome != idempotency.Conflicted || ran {
+		t.Errorf("empty id: %+v, %v, ran %v; want Term, Conflicted, ErrNoID, fn not run", d, err, ran)
 	}
 }
 
