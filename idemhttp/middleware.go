@@ -150,6 +150,7 @@ type Middleware struct {
 	storePolicy    func(int) bool
 	storeHeader    func(string) bool
 	conflictStatus int
+	conflictDetail string
 	wait           time.Duration
 	detach         bool
 	retryAfter503  string
@@ -223,6 +224,9 @@ func New(guard *idempotency.Guard, opts *Options) (*Middleware, error) {
 			m.fpHeaders = append(m.fpHeaders, textproto.CanonicalMIMEHeaderKey(name))
 		}
 	}
+	// What a key-reused problem names as the parts that differ.
+	parts := append([]string{"method", "path", "query"}, m.fpHeaders...)
+	m.conflictDetail = strings.Join(parts, ", ") + " or body differ from those of the first request with this key: use a new key for a new request"
 	switch {
 	case m.maxBody < 0:
 		return invalid("MaxBody %d is negative", m.maxBody)
@@ -718,7 +722,7 @@ func (m *Middleware) serve(next http.Handler, w http.ResponseWriter, r *http.Req
 		outcome, status = InFlight, p.Status
 	case idempotency.Conflicted:
 		p := ProblemKeyReused
-		p.Status = m.conflictStatus
+		p.Status, p.Detail = m.conflictStatus, m.conflictDetail
 		WriteProblem(w, p)
 		outcome, status = Conflict, p.Status
 	default:
