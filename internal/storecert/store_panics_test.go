@@ -12,17 +12,19 @@ import (
 	"github.com/archlab/idempotency/internal/verdict"
 )
 
-// misbehaves is a MemoryStore whose method named method does not return
-// normally: it panics with a value naming it or, with block set, blocks
-// until the test ends, whatever its ctx says.
+// misbehaves is a MemoryStore whose method named method (every method, for
+// anyMethod) does not return normally: it panics with a value naming it
+// or, with block set, blocks until the test ends, whatever its ctx says.
 type misbehaves struct {
 	*idempotency.MemoryStore
 	method string
 	block  chan struct{} // nil: panic
 }
 
+const anyMethod = "*"
+
 func (s misbehaves) act(method string) {
-	if method != s.method {
+	if method != s.method && s.method != anyMethod {
 		return
 	}
 	if s.block != nil {
