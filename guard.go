@@ -135,6 +135,19 @@ func checkStore(s Store) error {
 	return nil
 }
 
+// defaultNote names, for an error about Lease and Retention, the one left
+// at its default (the other was set): a Retention of 10s fails against the
+// default Lease of 30s, which the caller may not have in mind.
+func defaultNote(leaseDefault, retentionDefault bool) string {
+	switch {
+	case leaseDefault && !retentionDefault:
+		return " (the default Lease, DefaultLease)"
+	case retentionDefault && !leaseDefault:
+		return " (the default Retention, DefaultRetention)"
+	}
+	return ""
+}
+
 // errNilFn is Do's answer to a nil fn, given before the key is claimed.
 var errNilFn = fmt.Errorf("%w: Guard.Do or Run called with a nil fn", ErrInvalidConfig)
 
@@ -165,7 +178,7 @@ func (g *Guard) config() (config, error) {
 	case c.timeout < 0:
 		return c, fmt.Errorf("%w: Timeout %v is negative", ErrInvalidConfig, c.timeout)
 	case c.retention < c.lease:
-		return c, fmt.Errorf("%w: Retention %v is shorter than Lease %v", ErrInvalidConfig, c.retention, c.lease)
+		return c, fmt.Errorf("%w: Retention %v is shorter than Lease %v%s", ErrInvalidConfig, c.retention, c.lease, defaultNote(g.Lease == 0, g.Retention == 0))
 	case c.renewEvery >= c.lease-c.lease/10:
 		// fn is stopped nine tenths of a lease after its last renewal (see
 		// leaseDeadline): a renewal due later would never be tried.

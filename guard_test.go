@@ -3,6 +3,7 @@ package idempotency_test
 import (
 	"context"
 	"errors"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -416,6 +417,20 @@ func TestNewGuardValidates(t *testing.T) {
 				t.Errorf("Do on an invalid Guard: ran %v, %s, %v; want fn not run, %s, ErrUnavailable and ErrInvalidConfig", ran, out, err, idempotency.Unavailable)
 			}
 		})
+	}
+	// An error about a default the caller did not set says it is one.
+	for _, c := range []struct {
+		opts idempotency.Options
+		want string
+	}{
+		{idempotency.Options{Retention: 10 * time.Second}, "Retention 10s is shorter than Lease 30s (the default Lease, DefaultLease)"},
+		{idempotency.Options{Lease: 48 * time.Hour}, "Retention 24h0m0s is shorter than Lease 48h0m0s (the default Retention, DefaultRetention)"},
+		{idempotency.Options{Lease: time.Minute, Retention: time.Second}, "Retention 1s is shorter than Lease 1m0s"},
+	} {
+		_, err := idempotency.NewGuard(s, &c.opts)
+		if err == nil || !strings.HasSuffix(err.Error(), c.want) {
+			t.Errorf("NewGuard(%+v) = %v; want an error ending %q", c.opts, err, c.want)
+		}
 	}
 	for _, opts := range []*idempotency.Options{nil, {}, {Lease: time.Second, Retention: time.Second}, {RenewEvery: -1}} {
 		if _, err := idempotency.NewGuard(s, opts); err != nil {
