@@ -36,9 +36,6 @@ const (
 	freelistPageFlag = 0x10
 	bucketLeafFlag   = 0x01
 	noFreelist       = ^uint64(0)
-	// maxBucketDepth bounds the nesting of buckets verifyFile follows;
-	// a Store's file nests two deep.
-	maxBucketDepth = 64
 )
 
 var nativeEndian = binary.NativeEndian
@@ -152,7 +149,7 @@ func verifyFile(f io.ReaderAt, size int64) error {
 			return fmt.Errorf("%w: transaction %d: %w", ErrDamagedFile, meta.txid, err)
 		}
 	}
-	if err := v.tree(meta.root, 0); err != nil {
+	if err := v.tree(meta.root); err != nil {
 		return fmt.Errorf("%w: transaction %d: %w", ErrDamagedFile, meta.txid, err)
 	}
 	return nil
@@ -239,17 +236,23 @@ func (v *verifier) freelist(id uint64) error {
 }
 
 // tree checks the bucket whose root page is root.
-func (v *verifier) tree(root uint64, depth int) error {
+//
+// Buckets may nest as deep as their owner likes: bbolt sets no limit, so
+// neither may this walk (it once refused buckets nested over 64 deep, and
+// so a valid file). The walk ends all the same: verifier.page reads each page at
+// most once, and a bucket inline in its parent's value is shorter than
+// that value, so what a walk follows is bounded by the file's pages.
+func (v *verifier) tree(root uint64) error {
 	p, err := v.page(root, branchPageFlag, leafPageFlag)
 	if err != nil {
 		return err
 	}
-	return v.node(p, root, depth)
+	return v.node(p, root)
 }
 
 // node checks page p (id, or 0 for a bucket inline in its parent's value)
 // and what it leads to.
-func (v *verifier) node(p []byte, id uint64, depth int) error {
+func (v *verifier) node(p []byte, id uint64) error {
 	if len(p) < pageHeaderSize {
 		return fmt.Errorf("page %d cut short", id)
 	}
@@ -281,21 +284,18 @@ func (v *verifier) node(p []byte, id uint64, depth int) error {
 		prev = key
 		switch {
 		case flags == branchPageFlag:
-			if err := v.tree(nativeEndian.Uint64(el[8:]), depth); err != nil {
+			if err := v.tree(nativeEndian.Uint64(el[8:])); err != nil {
 				return err
 			}
 		case nativeEndian.Uint32(el[0:])&bucketLeafFlag != 0:
-			if depth >= maxBucketDepth {
-				return fmt.Errorf("page %d: buckets nested over %d deep", id, maxBucketDepth)
-			}
 			if len(val) < 16 {
 				return fmt.Errorf("page %d: bucket %q has a value of %d bytes", id, key, len(val))
 			}
 			if r := nativeEndian.Uint64(val); r != 0 {
-				if err := v.tree(r, depth+1); err != nil {
+				if err := v.tree(r); err != nil {
 					return err
 				}
-			} else if err := v.node(val[16:], 0, depth+1); err != nil {
+			} else if err := v.node(val[16:], 0); err != nil {
 				return fmt.Errorf("inline bucket %q: %w", key, err)
 			}
 		}
