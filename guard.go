@@ -278,7 +278,9 @@ type Result struct {
 // ErrNotStored, fn succeeded and its response is returned, but it was not
 // stored; otherwise fn failed and the error is fn's, joined with one
 // wrapping ErrNotReleased when a Retryable error's Release failed, or with
-// one wrapping ErrLeaseLost when the claim was lost while fn ran.
+// one wrapping ErrLeaseLost when the claim was lost while fn ran. fn's
+// error is returned as it is, so this holds only if fn's errors wrap none
+// of these sentinels: the error of a Do called inside fn may.
 //
 // A nil fn is a programming error: Do returns Unavailable and an error
 // wrapping ErrInvalidConfig (and ErrUnavailable, as for every invalid

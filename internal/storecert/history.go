@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/archlab/idempotency"
@@ -181,6 +182,10 @@ func (r *recorder) guarded(ctx context.Context, in input, call func(ctx context.
 	r.calls++
 	r.mu.Unlock()
 	done := make(chan error, 1)
+	// settled is set by whichever comes first, the call's end or the
+	// giving up on it, so that a call is one fault at most: a hung call
+	// that panics later was reported already.
+	var settled atomic.Bool
 	go func() {
 		returned := false
 		defer func() {
@@ -189,7 +194,11 @@ func (r *recorder) guarded(ctx context.Context, in input, call func(ctx context.
 			}
 			// recover is nil only for runtime.Goexit: panic(nil) panics
 			// with a *runtime.PanicNilError.
-			if p := recover(); p != nil {
+			p := recover()
+			if !settled.CompareAndSwap(false, true) {
+				return
+			}
+			if p != nil {
 				done <- fault(fmt.Sprintf("panicked: %v", p), false)
 			} else {
 				done <- fault("ended its goroutine (runtime.Goexit)", false)
@@ -197,6 +206,7 @@ func (r *recorder) guarded(ctx context.Context, in input, call func(ctx context.
 		}()
 		err := call(ctx)
 		returned = true
+		settled.Store(true)
 		done <- err
 	}()
 	bound := r.opTimeout + callGrace
@@ -206,6 +216,9 @@ func (r *recorder) guarded(ctx context.Context, in input, call func(ctx context.
 	case err := <-done:
 		return err
 	case <-timer.C:
+		if !settled.CompareAndSwap(false, true) {
+			return <-done // it ended just now, and sends at once
+		}
 		return fault(fmt.Sprintf("did not return within %v of its call (its ctx ended after %v)", bound, r.opTimeout), true)
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strings"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/archlab/idempotency"
@@ -212,4 +213,36 @@ func TestCampaignHungStore(t *testing.T) {
 	}
 	wantCallFault(t, rep, seed, "Complete", fmt.Sprintf("did not return within %v", campaignOpTimout+callGrace))
 	t.Logf("seed %d:\n%s", seed, report(rep))
+}
+
+// hangsThenPanics is a store whose Begin ignores its ctx, blocks until
+// free is closed, and then panics.
+type hangsThenPanics struct {
+	*idempotency.MemoryStore
+	free chan struct{}
+}
+
+func (s hangsThenPanics) Begin(context.Context, string, string, time.Time, time.Duration, time.Duration) (idempotency.Record, bool, error) {
+	<-s.free
+	panic(panicValue("Begin"))
+}
+
+// A call given up on as hung that panics later is still one faulty call:
+// one fault, the hung one (checkCallsReturn fails once per call). It was
+// recorded twice, hung and then panicked.
+func TestRecorderHungCallPanicsLater(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		inner := hangsThenPanics{MemoryStore: idempotency.NewMemoryStore(), free: make(chan struct{})}
+		rec := newRecorder(inner, 10*time.Millisecond, false)
+		_, _, err := rec.Begin(context.Background(), "k", "fp", time.Now(), time.Minute, time.Hour)
+		if !abandoned(err) {
+			t.Fatalf("Begin blocked past its bound; the recorder returned %v, want it given up on as hung", err)
+		}
+		close(inner.free)
+		synctest.Wait() // the call's goroutine panics and ends
+		calls, faults := rec.callStats()
+		if calls != 1 || len(faults) != 1 || !faults[0].hung {
+			t.Errorf("recorded %d calls and faults %v; want 1 call and its one hung fault", calls, faults)
+		}
+	})
 }
