@@ -231,11 +231,17 @@ func open(path string, opts *Options, syncDir func(dir string) error) (*Store, e
 	}
 	// bbolt trusts its file: a damaged one can kill the process inside
 	// bolt.Open (see verifyFile), so it is checked first.
+	start := time.Now()
 	if err := inspectFile(path, o.OpenTimeout); err != nil {
 		return nil, openError(path, o, err)
 	}
+	// OpenTimeout bounds the two waits for the lock together.
+	lockWait := o.OpenTimeout
+	if lockWait > 0 {
+		lockWait = max(lockWait-time.Since(start), time.Millisecond) // 0 would wait for ever
+	}
 	db, err := boltOpen(path, &bolt.Options{
-		Timeout: o.OpenTimeout,
+		Timeout: lockWait,
 		// The sweep frees pages all the time; the hashmap freelist finds
 		// free runs without scanning an array.
 		FreelistType: bolt.FreelistMapType,
@@ -381,8 +387,10 @@ func removeStaleTemps(path string) {
 	}
 	names, _ := d.Readdirnames(-1)
 	d.Close()
-	live, err := os.Stat(path)
-	if err != nil {
+	live, err := os.Lstat(path)
+	if err != nil || !live.Mode().IsRegular() {
+		// A path that is a symbolic link may name one of these files:
+		// removing it would leave the link dangling.
 		return
 	}
 	prefix := tempPrefix(base)

@@ -85,3 +85,25 @@ func TestOpenRemovesStaleTemps(t *testing.T) {
 		}
 	}
 }
+
+// TestOpenThroughSymlinkKeepsTarget: a path that is a symbolic link to a
+// file named like a temporary one of create's keeps its target: removing
+// it as stale would leave the link dangling and the database gone once
+// closed.
+func TestOpenThroughSymlinkKeepsTarget(t *testing.T) {
+	dir := t.TempDir()
+	target := filepath.Join(dir, ".idem.db.creating-7")
+	storeFile(t, target, 3)
+	path := filepath.Join(dir, "idem.db")
+	if err := os.Symlink(target, path); err != nil {
+		t.Fatal(err)
+	}
+	s, err := Open(path, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if _, err := os.Stat(target); err != nil {
+		t.Fatalf("Open through a symbolic link removed its target: %v", err)
+	}
+}

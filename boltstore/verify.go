@@ -308,6 +308,11 @@ func (v *verifier) node(p []byte, id uint64) error {
 // process writes it meanwhile. It waits timeout for the lock and returns
 // bbolt.ErrTimeout after it.
 func inspectFile(path string, timeout time.Duration) (err error) {
+	if fi, err := os.Stat(path); err == nil && !fi.Mode().IsRegular() {
+		// Opening a FIFO to read would wait for a writer for ever: what
+		// is not a file is left to bolt.Open to refuse.
+		return nil
+	}
 	f, err := os.Open(path)
 	if err != nil {
 		if errors.Is(err, os.ErrNotExist) {
