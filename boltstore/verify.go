@@ -91,7 +91,7 @@ func verifyFile(f io.ReaderAt, size int64) error {
 	// bbolt finds the page size in the first meta page, or failing that
 	// in the second, trying each power of two from 1 KiB.
 	var m0buf [pageHeaderSize + metaSize]byte
-	if _, err := f.ReadAt(m0buf[:], 0); err != nil {
+	if err := readAt(f, m0buf[:], 0); err != nil {
 		return fmt.Errorf("%w: cannot read its first meta page (%d bytes): %w", ErrDamagedFile, size, err)
 	}
 	m0, err0 := parseMeta(m0buf[pageHeaderSize:])
@@ -103,7 +103,7 @@ func verifyFile(f io.ReaderAt, size int64) error {
 			if pos+int64(len(buf)) > size {
 				break
 			}
-			if _, err := f.ReadAt(buf[:], pos); err != nil {
+			if err := readAt(f, buf[:], pos); err != nil {
 				return fmt.Errorf("%w: %w", ErrDamagedFile, err)
 			}
 			if m, err := parseMeta(buf[pageHeaderSize:]); err == nil && int64(m.pageSize) == pos {
@@ -122,7 +122,7 @@ func verifyFile(f io.ReaderAt, size int64) error {
 		return fmt.Errorf("%w: %d bytes, less than its two meta pages of %d", ErrDamagedFile, size, ps)
 	}
 	var m1buf [pageHeaderSize + metaSize]byte
-	if _, err := f.ReadAt(m1buf[:], ps); err != nil {
+	if err := readAt(f, m1buf[:], ps); err != nil {
 		return fmt.Errorf("%w: %w", ErrDamagedFile, err)
 	}
 	m1, err1 := parseMeta(m1buf[pageHeaderSize:])
@@ -179,7 +179,7 @@ func (v *verifier) page(id uint64, kinds ...uint16) ([]byte, error) {
 		buf = mem[int64(id)*v.ps:][:v.ps:v.ps]
 	} else {
 		buf = make([]byte, v.ps)
-		if _, err := v.f.ReadAt(buf, int64(id)*v.ps); err != nil {
+		if err := readAt(v.f, buf, int64(id)*v.ps); err != nil {
 			return nil, fmt.Errorf("page %d: %w", id, err)
 		}
 	}
@@ -205,7 +205,7 @@ func (v *verifier) page(id uint64, kinds ...uint16) ([]byte, error) {
 		buf = mem[int64(id)*v.ps:][:int64(n)*v.ps]
 	case n > 1:
 		buf = append(buf, make([]byte, int64(n-1)*v.ps)...)
-		if _, err := v.f.ReadAt(buf[v.ps:], int64(id+1)*v.ps); err != nil {
+		if err := readAt(v.f, buf[v.ps:], int64(id+1)*v.ps); err != nil {
 			return nil, fmt.Errorf("page %d: %w", id, err)
 		}
 	}
@@ -339,18 +339,52 @@ func inspectFile(path string, timeout time.Duration) (err error) {
 		defer unmapFile(data)
 		// A page of the mapping cut off by a truncation meanwhile (by a
 		// process that ignores the lock) faults: SetPanicOnFault makes
-		// the fault a panic, which the recover below reports.
+		// the fault a panic, which checkData reports.
 		defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
 		r = memFile(data)
 	}
+	return checkData(r, fi.Size())
+}
+
+// checkData is verifyFile on r, whose reads may fault (a mapping), with
+// the verdict told from the failures to read: ErrDamagedFile only for
+// what the file holds. verifyFile indexes only what it checked; were it
+// wrong (a panic), the file is still not one to hand to bbolt. A fault
+// reading the mapping or a failed read is the disk's or a truncation's,
+// not a verdict on the file's contents.
+func checkData(r io.ReaderAt, size int64) (err error) {
 	defer func() {
-		// verifyFile indexes only what it checked; were it wrong, the
-		// file is still not one to hand to bbolt.
-		if r := recover(); r != nil {
-			err = fmt.Errorf("%w: checking it panicked: %v", ErrDamagedFile, r)
+		if p := recover(); p != nil {
+			if fault, ok := p.(interface{ Addr() uintptr }); ok {
+				err = fmt.Errorf("reading it through its mapping faulted (an I/O error, or the file was cut meanwhile): %v", fault)
+				return
+			}
+			err = fmt.Errorf("%w: checking it panicked: %v", ErrDamagedFile, p)
 		}
 	}()
-	return verifyFile(r, fi.Size())
+	err = verifyFile(r, size)
+	if re := (*readError)(nil); errors.As(err, &re) {
+		return fmt.Errorf("reading it: %w", re.err)
+	}
+	return err
+}
+
+// readError is a read of the file that failed for another reason than its
+// end (an I/O error): it says nothing of what the file holds, so
+// inspectFile reports it as it is, not as ErrDamagedFile.
+type readError struct{ err error }
+
+func (e *readError) Error() string { return e.err.Error() }
+func (e *readError) Unwrap() error { return e.err }
+
+// readAt is f.ReadAt that marks a failure other than the file's end as a
+// readError.
+func readAt(f io.ReaderAt, p []byte, off int64) error {
+	_, err := f.ReadAt(p, off)
+	if err != nil && !errors.Is(err, io.EOF) && !errors.Is(err, io.ErrUnexpectedEOF) {
+		return &readError{err}
+	}
+	return err
 }
 
 // memFile is a file mapped into memory, whose pages verifier reads in
